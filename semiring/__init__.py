@@ -1,0 +1,19 @@
+"""Semirings and the rule language. Knows nothing about trees or tags."""
+
+from .language import Program, ProgramError, program
+from .semirings import (
+    Count,
+    Derivations,
+    KMax,
+    Log,
+    Max,
+    Real,
+    Sampled,
+    Semiring,
+    SignedLog,
+)
+
+__all__ = [
+    "Count", "Derivations", "KMax", "Log", "Max", "Program", "ProgramError", "Real", "Sampled",
+    "Semiring", "SignedLog", "program",
+]

@@ -1,0 +1,306 @@
+"""Grounding: from rules and input shapes to every item, every derivation step, and their order.
+
+For given input shapes, each rule is instantiated at every assignment of its variables that keeps
+all of its indices in range (inputs by their shapes, charts by their extents, ``for`` ranges,
+``if`` conditions) and reads only items some rule defines. The *level* of an item is the length of
+the longest chain of items below it: items of one level depend only on lower levels, so a level is
+one vectorized step — the position for chain programs, the span width for span programs, found
+rather than declared. An item that depends on itself has no level and is reported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .syntax import GOAL, LENGTH, Affine, Const, ProgramError, Rule, Syntax, Term
+
+MAX_BOX = 200_000_000
+
+
+@dataclass
+class Space:
+    """A chart's dense index box: dimension d runs over ``lo[d]..hi[d]``."""
+
+    lo: list[int]
+    hi: list[int]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(max(0, h - l + 1) for l, h in zip(self.lo, self.hi))
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def flat(self, coords: list[np.ndarray]) -> np.ndarray:
+        if not coords:
+            return np.zeros(1, dtype=np.int64)
+        out = np.zeros_like(coords[0])
+        for c, l, s in zip(coords, self.lo, self.shape):
+            out = out * s + (c - l)
+        return out
+
+
+@dataclass
+class Ground:
+    """Every instantiation of one rule: ``head[g]`` and, per term, the item or entry it reads."""
+
+    rule: Rule
+    head: np.ndarray  # global item id
+    reads: list[np.ndarray | None]  # per term: global item id (chart), flat entry (input), None (one)
+
+
+@dataclass
+class Grounding:
+    charts: dict[str, Space]
+    offsets: dict[str, int]  # chart -> first global item id
+    grounds: list[Ground]
+    level: np.ndarray  # per global item; -1 for undefined items
+    lengths: np.ndarray  # the values of n the goal is defined at (or [0] without n)
+    goal_items: np.ndarray  # global item id of goal per entry of ``lengths``
+    input_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def chart_of(self, item: np.ndarray) -> np.ndarray:
+        names = list(self.offsets)
+        starts = np.array([self.offsets[c] for c in names])
+        return np.searchsorted(starts, item, side="right") - 1
+
+
+# ---------------------------------------------------------------- bounds
+
+
+def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space]):
+    """Linear constraints ``lo <= expr <= hi`` on the rule's variables."""
+    cons: list[tuple[Affine, float, float]] = []
+
+    def index_in(t: Term, bounds: list[tuple[int, int]] | None):
+        if bounds is None:
+            return
+        for ix, (lo, hi) in zip(t.indices, bounds):
+            if isinstance(ix, Affine) and ix.coeffs:
+                cons.append((ix, lo, hi))
+
+    for t in rule.terms:
+        if t.is_one:
+            continue
+        if t.name not in shapes:  # a chart
+            sp = extents.get(t.name)
+            index_in(t, None if sp is None else list(zip(sp.lo, sp.hi)))
+        else:
+            index_in(t, [(0, s - 1) for s in shapes[t.name]])
+    sp = extents.get(rule.head.name)
+    index_in(rule.head, None if sp is None else list(zip(sp.lo, sp.hi)))
+    for r in rule.ranges:
+        v = Affine(((r.var, 1),))
+        cons.append((v.minus(r.lo), 0, math.inf))
+        cons.append((r.hi.minus(v), 0, math.inf))
+    for c in rule.conds:
+        d = c.left.minus(c.right)
+        lo, hi = {"<": (-math.inf, -1), "<=": (-math.inf, 0), ">": (1, math.inf), ">=": (0, math.inf),
+                  "==": (0, 0), "!=": (-math.inf, math.inf)}[c.op]
+        cons.append((d, lo, hi))
+    return cons
+
+
+def _propagate(variables: set[str], cons) -> dict[str, tuple[float, float]]:
+    box = {v: (-math.inf, math.inf) for v in variables}
+    for _ in range(100):
+        changed = False
+        for expr, lo, hi in cons:
+            for v, a in expr.coeffs:
+                rest_lo = rest_hi = float(expr.const)
+                for u, b in expr.coeffs:
+                    if u == v:
+                        continue
+                    ends = [b * box[u][0], b * box[u][1]]
+                    ends = [0.0 if math.isnan(e) else e for e in ends]
+                    rest_lo += min(ends)
+                    rest_hi += max(ends)
+                lo_v, hi_v = (lo - rest_hi) / a, (hi - rest_lo) / a
+                if a < 0:
+                    lo_v, hi_v = hi_v, lo_v
+                new_lo = max(box[v][0], math.ceil(lo_v) if math.isfinite(lo_v) else lo_v)
+                new_hi = min(box[v][1], math.floor(hi_v) if math.isfinite(hi_v) else hi_v)
+                if (new_lo, new_hi) != box[v]:
+                    box[v] = (new_lo, new_hi)
+                    changed = True
+        if not changed:
+            break
+    return box
+
+
+def _index_hull(ix, box, syntax: Syntax) -> tuple[float, float]:
+    if isinstance(ix, Const):
+        code = syntax.constants[ix.name]
+        return code, code
+    lo = hi = float(ix.const)
+    for v, a in ix.coeffs:
+        ends = [a * box[v][0], a * box[v][1]]
+        lo += min(ends)
+        hi += max(ends)
+    return lo, hi
+
+
+def _extents(rules: list[Rule], syntax: Syntax, shapes) -> dict[str, Space]:
+    """The index box of every chart: the hull of what its rules can write, found by iteration."""
+    extents: dict[str, Space] = {}
+    for sweep in range(len(rules) + 3):
+        changed = False
+        grown: Rule | None = None
+        for rule in rules:
+            box = _propagate(rule.variables, _constraints(rule, shapes, extents))
+            if any(lo > hi for lo, hi in box.values()):
+                continue  # the rule has no instance at these shapes
+            hull = [_index_hull(ix, box, syntax) for ix in rule.head.indices]
+            if any(not (math.isfinite(lo) and math.isfinite(hi)) for lo, hi in hull):
+                continue
+            old = extents.get(rule.head.name)
+            lo = [int(l) for l, _ in hull]
+            hi = [int(h) for _, h in hull]
+            if old is not None:
+                lo = [min(a, b) for a, b in zip(lo, old.lo)]
+                hi = [max(a, b) for a, b in zip(hi, old.hi)]
+            if old is None or lo != old.lo or hi != old.hi:
+                extents[rule.head.name] = Space(lo, hi)
+                changed, grown = True, rule
+        if not changed:
+            return extents
+    raise grown.error("cannot bound the index arithmetic of this rule: its chart grows without limit")
+
+
+# ---------------------------------------------------------------- instantiation
+
+
+def _instantiate(rule: Rule, syntax: Syntax, shapes, extents) -> dict[str, np.ndarray]:
+    variables = sorted(rule.variables, key=lambda v: (v not in rule.head.variables, str(rule).find(v)))
+    box = _propagate(set(variables), _constraints(rule, shapes, extents))
+    for v in variables:
+        lo, hi = box[v]
+        if lo > hi:
+            return {u: np.zeros(0, dtype=np.int64) for u in variables}
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise rule.error(f"cannot bound the index variable '{v}': no input, chart extent, 'for' range or condition limits it")
+    sizes = [int(box[v][1] - box[v][0] + 1) for v in variables]
+    if math.prod(sizes) > MAX_BOX:
+        raise rule.error(f"this rule has more than {MAX_BOX} instances at these shapes")
+    grids = np.meshgrid(*[np.arange(box[v][0], box[v][1] + 1, dtype=np.int64) for v in variables], indexing="ij")
+    values = {v: g.ravel() for v, g in zip(variables, grids)}
+    keep = np.ones(math.prod(sizes), dtype=bool)
+    for expr, lo, hi in _constraints(rule, shapes, extents):
+        e = _eval(expr, values, keep.shape[0])
+        keep &= (e >= lo) & (e <= hi)
+    for c in rule.conds:
+        if c.op == "!=":
+            keep &= _eval(c.left, values, keep.shape[0]) != _eval(c.right, values, keep.shape[0])
+    return {v: a[keep] for v, a in values.items()}
+
+
+def _eval(ix, values: dict[str, np.ndarray], size: int, syntax: Syntax | None = None) -> np.ndarray:
+    if isinstance(ix, Const):
+        return np.full(size, syntax.constants[ix.name], dtype=np.int64)
+    out = np.full(size, ix.const, dtype=np.int64)
+    for v, a in ix.coeffs:
+        out = out + a * values[v]
+    return out
+
+
+def ground(rules: list[Rule], syntax: Syntax, shapes: dict[str, tuple[int, ...]]) -> Grounding:
+    extents = _extents(rules, syntax, shapes)
+    for name in syntax.charts:
+        extents.setdefault(name, Space([0] * syntax.charts[name], [-1] * syntax.charts[name]))
+    for rule in rules:
+        extents.setdefault(rule.head.name, Space([0] * len(rule.head.indices), [-1] * len(rule.head.indices)))
+    offsets, total = {}, 0
+    for name, sp in extents.items():
+        offsets[name] = total
+        total += sp.size
+
+    def item_ids(t: Term, values, size):
+        sp = extents[t.name]
+        return offsets[t.name] + sp.flat([_eval(ix, values, size, syntax) for ix in t.indices])
+
+    grounds: list[Ground] = []
+    for rule in rules:
+        values = _instantiate(rule, syntax, shapes, extents)
+        size = len(next(iter(values.values()))) if values else 1
+        reads: list[np.ndarray | None] = []
+        for t in rule.terms:
+            if t.is_one:
+                reads.append(None)
+            elif t.name in extents:
+                reads.append(item_ids(t, values, size))
+            else:
+                shape = shapes[t.name]
+                coords = [_eval(ix, values, size, syntax) for ix in t.indices]
+                flat = np.zeros(size, dtype=np.int64)
+                for c, s in zip(coords, shape):
+                    flat = flat * s + c
+                reads.append(flat)
+        grounds.append(Ground(rule, item_ids(rule.head, values, size), reads))
+
+    # Only items some instance defines exist; instances reading others are dropped, to a fixpoint.
+    while True:
+        defined = np.zeros(total, dtype=bool)
+        for g in grounds:
+            defined[g.head] = True
+        dropped = False
+        for g in grounds:
+            ok = np.ones(len(g.head), dtype=bool)
+            for t, r in zip(g.rule.terms, g.reads):
+                if r is not None and t.name in extents:
+                    ok &= defined[r]
+            if not ok.all():
+                g.head = g.head[ok]
+                g.reads = [None if r is None else r[ok] for r in g.reads]
+                dropped = True
+        if not dropped:
+            break
+
+    level = _levels(grounds, extents, total, defined)
+    goal_space = extents[GOAL]
+    goal_ids = offsets[GOAL] + np.arange(goal_space.size)
+    present = defined[goal_ids]
+    if syntax.uses_length:
+        lengths = np.arange(goal_space.lo[0], goal_space.hi[0] + 1)[present]
+    else:
+        lengths = np.zeros(int(present.sum()), dtype=np.int64)
+    return Grounding(extents, offsets, grounds, level, lengths, goal_ids[present], dict(shapes))
+
+
+def _levels(grounds: list[Ground], extents, total: int, defined: np.ndarray) -> np.ndarray:
+    """Longest-path depth of every defined item (Kahn's algorithm, one level at a time)."""
+    src, dst = [], []
+    for g in grounds:
+        for t, r in zip(g.rule.terms, g.reads):
+            if r is not None and t.name in extents:
+                src.append(r)
+                dst.append(g.head)
+    src_a = np.concatenate(src) if src else np.zeros(0, dtype=np.int64)
+    dst_a = np.concatenate(dst) if dst else np.zeros(0, dtype=np.int64)
+    pending = np.bincount(dst_a, minlength=total)
+    order = np.argsort(src_a, kind="stable")
+    src_sorted, consumers = src_a[order], dst_a[order]
+    starts = np.searchsorted(src_sorted, np.arange(total + 1))
+    level = np.full(total, -1, dtype=np.int64)
+    frontier = np.flatnonzero(defined & (pending == 0))
+    depth = 0
+    while frontier.size:
+        level[frontier] = depth
+        lo, hi = starts[frontier], starts[frontier + 1]
+        counts = hi - lo
+        idx = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+        hit = consumers[idx]
+        pending = pending - np.bincount(hit, minlength=total)
+        cand = np.unique(hit)
+        frontier = cand[pending[cand] == 0]
+        depth += 1
+    stuck = defined & (level < 0)
+    if stuck.any():
+        item = int(np.flatnonzero(stuck)[0])
+        for g in grounds:
+            if (g.head == item).any():
+                raise g.rule.error("an item depends on itself (a cycle among the rules)")
+    return level

@@ -1,0 +1,369 @@
+"""Parsing rule text into a checked intermediate representation.
+
+A program is a list of weighted deduction rules, one per line::
+
+    alpha[0, c]  = 1
+    alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]
+    goal        += alpha[n-1, c]
+
+``head (= | +=) term * term * ... [for v in lo..hi]* [if cond [and cond]*]``. A term is a chart
+(a name that heads some rule), an input (any other name) or the semiring one ``1``. Indices are
+affine expressions of lowercase variables and integers, or UPPERCASE constants naming the entries
+of a label dimension (``R``, ``L``). ``n`` is each example's length and may only appear in rules for
+``goal``. ``#`` starts a comment.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Union
+
+
+class ProgramError(ValueError):
+    """An error in a program's text, reported with its line and column."""
+
+    def __init__(self, message: str, line: int = 0, col: int = 0, text: str = ""):
+        where = f"line {line}, column {col}: " if line else ""
+        shown = f"\n    {text.strip()}" if text else ""
+        super().__init__(f"{where}{message}{shown}")
+        self.line, self.col = line, col
+
+
+@dataclass(frozen=True)
+class Affine:
+    """``sum(coeffs[v] * v) + const`` over integer variables."""
+
+    coeffs: tuple[tuple[str, int], ...]
+    const: int = 0
+
+    @property
+    def variables(self) -> set[str]:
+        return {v for v, _ in self.coeffs}
+
+    def shifted(self, delta: int) -> "Affine":
+        return Affine(self.coeffs, self.const + delta)
+
+    def minus(self, other: "Affine") -> "Affine":
+        c = dict(self.coeffs)
+        for v, a in other.coeffs:
+            c[v] = c.get(v, 0) - a
+        return Affine(tuple(sorted((v, a) for v, a in c.items() if a)), self.const - other.const)
+
+    def renamed(self, names: dict[str, str]) -> "Affine":
+        return Affine(tuple(sorted((names.get(v, v), a) for v, a in self.coeffs)), self.const)
+
+    def __str__(self) -> str:
+        parts = [(f"{'-' if a < 0 else '+'}{abs(a) if abs(a) != 1 else ''}{v}") for v, a in self.coeffs]
+        if self.const or not parts:
+            parts.append(f"{'-' if self.const < 0 else '+'}{abs(self.const)}")
+        s = "".join(parts)
+        return s[1:] if s.startswith("+") else s
+
+
+@dataclass(frozen=True)
+class Const:
+    """An UPPERCASE constant naming an entry of a label dimension."""
+
+    name: str
+
+    @property
+    def variables(self) -> set[str]:
+        return set()
+
+    def renamed(self, names: dict[str, str]) -> "Const":
+        return self
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Index = Union[Affine, Const]
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str  # "1" for the semiring one
+    indices: tuple[Index, ...]
+    line: int = field(default=0, compare=False)
+    col: int = field(default=0, compare=False)
+
+    @property
+    def is_one(self) -> bool:
+        return self.name == "1"
+
+    @property
+    def variables(self) -> set[str]:
+        return set().union(*(i.variables for i in self.indices)) if self.indices else set()
+
+    def renamed(self, names: dict[str, str]) -> "Term":
+        return Term(self.name, tuple(i.renamed(names) for i in self.indices), self.line, self.col)
+
+    def __str__(self) -> str:
+        return self.name if not self.indices else f"{self.name}[{', '.join(map(str, self.indices))}]"
+
+
+@dataclass(frozen=True)
+class Range:
+    var: str
+    lo: Affine
+    hi: Affine  # inclusive
+
+    def renamed(self, names):
+        return Range(names.get(self.var, self.var), self.lo.renamed(names), self.hi.renamed(names))
+
+    def __str__(self):
+        return f"for {self.var} in {self.lo}..{self.hi}"
+
+
+@dataclass(frozen=True)
+class Cond:
+    left: Affine
+    op: str
+    right: Affine
+
+    @property
+    def variables(self):
+        return self.left.variables | self.right.variables
+
+    def renamed(self, names):
+        return Cond(self.left.renamed(names), self.op, self.right.renamed(names))
+
+    def __str__(self):
+        return f"{self.left} {self.op} {self.right}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    head: Term
+    terms: tuple[Term, ...]
+    ranges: tuple[Range, ...] = ()
+    conds: tuple[Cond, ...] = ()
+    line: int = field(default=0, compare=False)
+    text: str = field(default="", compare=False)
+
+    @property
+    def variables(self) -> set[str]:
+        vs = self.head.variables.union(*(t.variables for t in self.terms))
+        for r in self.ranges:
+            vs |= {r.var} | r.lo.variables | r.hi.variables
+        for c in self.conds:
+            vs |= c.variables
+        return vs
+
+    def error(self, message: str, col: int = 0) -> ProgramError:
+        return ProgramError(message, self.line, col, self.text)
+
+    def __str__(self):
+        body = " * ".join(map(str, self.terms))
+        extra = "".join(f" {r}" for r in self.ranges)
+        if self.conds:
+            extra += " if " + " and ".join(map(str, self.conds))
+        return f"{self.head} += {body}{extra}"
+
+
+_TOKEN = re.compile(r"\s*(?:(?P<num>\d+)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<op>\+=|\.\.|<=|>=|==|!=|[-+*=\[\],<>]))")
+_KEYWORDS = {"for", "in", "if", "and"}
+
+
+class _Line:
+    def __init__(self, text: str, line: int):
+        self.text, self.line = text, line
+        self.tokens: list[tuple[str, str, int]] = []
+        pos = 0
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            if not m or m.end() == pos:
+                col = len(text) - len(text[pos:].lstrip()) + 1
+                raise ProgramError(f"unexpected character {text[col - 1]!r}", line, col, text)
+            kind = m.lastgroup
+            self.tokens.append((kind, m.group(kind), m.start(kind) + 1))
+            pos = m.end()
+            if not text[pos:].strip():
+                break
+        self.i = 0
+
+    def peek(self, value: str | None = None) -> bool:
+        if self.i >= len(self.tokens):
+            return False
+        return value is None or self.tokens[self.i][1] == value
+
+    def col(self) -> int:
+        return self.tokens[self.i][2] if self.i < len(self.tokens) else len(self.text.rstrip()) + 1
+
+    def take(self, kind: str | None = None, value: str | None = None) -> tuple[str, str, int]:
+        if self.i >= len(self.tokens):
+            raise ProgramError(f"expected {value or kind}, found the end of the line", self.line, self.col(), self.text)
+        tok = self.tokens[self.i]
+        if (kind and tok[0] != kind) or (value and tok[1] != value):
+            raise ProgramError(f"expected {value or kind}, found {tok[1]!r}", self.line, tok[2], self.text)
+        self.i += 1
+        return tok
+
+    def error(self, message: str) -> ProgramError:
+        return ProgramError(message, self.line, self.col(), self.text)
+
+
+def _is_const(name: str) -> bool:
+    return name.isupper()
+
+
+def _affine(ln: _Line) -> Affine:
+    coeffs: dict[str, int] = {}
+    const = 0
+    sign = 1
+    if ln.peek("-"):
+        ln.take()
+        sign = -1
+    while True:
+        kind, value, col = ln.take()
+        if kind == "num":
+            if ln.peek("*"):
+                ln.take()
+                _, var, vcol = ln.take("name")
+                if var in _KEYWORDS or _is_const(var):
+                    raise ProgramError(f"expected a variable after '*', found {var!r}", ln.line, vcol, ln.text)
+                coeffs[var] = coeffs.get(var, 0) + sign * int(value)
+            else:
+                const += sign * int(value)
+        elif kind == "name" and value not in _KEYWORDS and not _is_const(value):
+            coeffs[value] = coeffs.get(value, 0) + sign
+        else:
+            raise ProgramError(f"expected an index expression, found {value!r}", ln.line, col, ln.text)
+        if ln.peek("+") or ln.peek("-"):
+            sign = 1 if ln.take()[1] == "+" else -1
+        else:
+            return Affine(tuple(sorted((v, a) for v, a in coeffs.items() if a)), const)
+
+
+def _index(ln: _Line) -> Index:
+    if ln.i < len(ln.tokens) and ln.tokens[ln.i][0] == "name" and _is_const(ln.tokens[ln.i][1]):
+        return Const(ln.take()[1])
+    return _affine(ln)
+
+
+def _term(ln: _Line) -> Term:
+    kind, value, col = ln.take()
+    if kind == "num":
+        if value != "1":
+            raise ProgramError(f"the only number that can be a term is 1 (the semiring one), found {value}", ln.line, col, ln.text)
+        return Term("1", (), ln.line, col)
+    if kind != "name" or value in _KEYWORDS or _is_const(value):
+        raise ProgramError(f"expected a chart, an input or 1, found {value!r}", ln.line, col, ln.text)
+    indices: list[Index] = []
+    if ln.peek("["):
+        ln.take()
+        indices.append(_index(ln))
+        while ln.peek(","):
+            ln.take()
+            indices.append(_index(ln))
+        ln.take(value="]")
+    return Term(value, tuple(indices), ln.line, col)
+
+
+def parse_rule(text: str, line: int) -> Rule:
+    ln = _Line(text, line)
+    head = _term(ln)
+    if head.is_one:
+        raise ln.error("a rule's head must be a chart")
+    if not (ln.peek("=") or ln.peek("+=")):
+        raise ln.error("expected '=' or '+=' after the head")
+    ln.take()
+    terms = [_term(ln)]
+    while ln.peek("*"):
+        ln.take()
+        terms.append(_term(ln))
+    ranges, conds = [], []
+    while ln.peek("for"):
+        ln.take()
+        _, var, col = ln.take("name")
+        ln.take(value="in")
+        lo = _affine(ln)
+        ln.take(value="..")
+        hi = _affine(ln)
+        ranges.append(Range(var, lo, hi))
+    if ln.peek("if"):
+        ln.take()
+        while True:
+            left = _affine(ln)
+            _, op, col = ln.take("op")
+            if op not in ("<", "<=", ">", ">=", "==", "!="):
+                raise ProgramError(f"expected a comparison, found {op!r}", line, col, text)
+            conds.append(Cond(left, op, _affine(ln)))
+            if not ln.peek("and"):
+                break
+            ln.take()
+    if ln.peek():
+        raise ln.error(f"unexpected {ln.tokens[ln.i][1]!r}")
+    return Rule(head, tuple(terms), tuple(ranges), tuple(conds), line, text)
+
+
+GOAL = "goal"
+LENGTH = "n"
+
+
+@dataclass
+class Syntax:
+    """A parsed and statically checked program."""
+
+    rules: list[Rule]
+    charts: dict[str, int]  # chart name -> rank
+    inputs: dict[str, tuple[int, Term]]  # input name -> (rank, first use)
+    constants: dict[str, int]  # UPPERCASE constant -> code
+    uses_length: bool
+
+
+def parse(text: str) -> Syntax:
+    rules = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        body = raw.split("#", 1)[0]
+        if body.strip():
+            rules.append(parse_rule(body, number))
+    if not rules:
+        raise ProgramError("a program needs at least one rule")
+    return check(rules)
+
+
+def check(rules: list[Rule]) -> Syntax:
+    charts: dict[str, int] = {}
+    for r in rules:
+        if r.head.name in charts and charts[r.head.name] != len(r.head.indices):
+            raise r.error(f"chart {r.head.name!r} has {charts[r.head.name]} indices elsewhere, {len(r.head.indices)} here", r.head.col)
+        charts[r.head.name] = len(r.head.indices)
+    if GOAL not in charts:
+        raise ProgramError("no rule defines 'goal'", rules[-1].line, 1, rules[-1].text)
+    if charts[GOAL] != 0:
+        raise next(r for r in rules if r.head.name == GOAL).error("'goal' takes no indices (its length index n is implicit)")
+    inputs: dict[str, tuple[int, Term]] = {}
+    constants: dict[str, int] = {}
+    uses_length = False
+    for r in rules:
+        for t in (r.head, *r.terms):
+            for ix in t.indices:
+                if isinstance(ix, Const):
+                    constants.setdefault(ix.name, len(constants))
+        for t in r.terms:
+            if t.is_one:
+                continue
+            if t.name == GOAL:
+                raise r.error("'goal' cannot be read by a rule", t.col)
+            if t.name in charts:
+                if charts[t.name] != len(t.indices):
+                    raise r.error(f"chart {t.name!r} has {charts[t.name]} indices, used here with {len(t.indices)}", t.col)
+            elif t.name in inputs and inputs[t.name][0] != len(t.indices):
+                raise r.error(f"input {t.name!r} is used with {inputs[t.name][0]} indices elsewhere, {len(t.indices)} here", t.col)
+            else:
+                inputs.setdefault(t.name, (len(t.indices), t))
+        if LENGTH in r.variables:
+            if r.head.name != GOAL:
+                raise r.error("the length 'n' may only appear in rules for 'goal'")
+            uses_length = True
+        for rg in r.ranges:
+            if rg.var in r.head.variables:
+                raise r.error(f"'{rg.var}' is summed by 'for' but also indexes the head")
+            if rg.var == LENGTH:
+                raise r.error("'n' is the length and cannot be a 'for' variable")
+    goal_rules = [r for r in rules if r.head.name == GOAL]
+    if uses_length and any(LENGTH not in r.variables for r in goal_rules):
+        raise next(r for r in goal_rules if LENGTH not in r.variables).error("every rule for 'goal' must use 'n' when one does")
+    return Syntax(rules, charts, inputs, constants, uses_length)

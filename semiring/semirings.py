@@ -1,0 +1,422 @@
+"""The semiring protocol and the built-in semirings.
+
+An element of a semiring is a torch tensor. A semiring may put ``extra`` leading *component*
+dimensions in front of the structural dimensions (``KMax(k)``: the k best values; ``SignedLog``:
+``(log|a|, sign a)``; ``Derivations``: the derivations themselves). Every operation takes and
+returns tensors shaped ``[*components, *structural]`` and reduces over negative (structural)
+dimensions only, so code written against the protocol never sees the components.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+class Semiring:
+    """The protocol. Subclasses override ``convert``, ``plus``, ``times``, ``sum`` and the identities.
+
+    ``dot(a, b, dim)`` is the fused ⊕-reduction of a product; the default composes ``times`` and
+    ``sum``, semirings override it where fusing saves memory or time.
+    """
+
+    extra: int = 0  # number of leading component dimensions of an element
+    name: str = "Semiring"
+
+    def prepare(self, inputs: Sequence[Tensor]) -> None:
+        """Called once with the raw inputs of a run, in program order, before ``convert``."""
+
+    def convert(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def zero(self, shape: Sequence[int], like: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def one(self, shape: Sequence[int], like: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def plus(self, a: Tensor, b: Tensor) -> Tensor:
+        return self.sum(torch.stack(torch.broadcast_tensors(a, b), dim=-1), dim=-1)
+
+    def times(self, a: Tensor, b: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def sum(self, x: Tensor, dim: int) -> Tensor:
+        raise NotImplementedError
+
+    def dot(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
+        return self.sum(self.times(a, b), dim)
+
+    def dtype(self, like: Tensor) -> torch.dtype:
+        """The floating dtype elements are computed in."""
+        return like.dtype
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _finite_or_zero(t: Tensor) -> Tensor:
+    return t.masked_fill(~torch.isfinite(t), 0.0)
+
+
+class _LogSumExp(torch.autograd.Function):
+    """logsumexp whose gradient is 0 (not NaN) where every summand is -inf.
+
+    The backward is written in differentiable torch ops, so second derivatives work.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int) -> Tensor:
+        out = torch.logsumexp(x, dim)
+        ctx.dim = dim
+        ctx.save_for_backward(x, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, out = ctx.saved_tensors
+        dim = ctx.dim
+        weights = (x - _finite_or_zero(out).unsqueeze(dim)).exp()
+        return g.unsqueeze(dim) * weights, None
+
+
+class _LogDot(torch.autograd.Function):
+    """``logsumexp(a + b, dim)`` that saves only ``a``, ``b`` and the result for backward.
+
+    The broadcast sum ``a + b`` is the largest tensor of a chain step; recomputing it in backward
+    instead of keeping it alive is what keeps the memory of marginals at the size of the chart.
+    """
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, dim: int) -> Tensor:
+        out = torch.logsumexp(a + b, dim)
+        ctx.dim = dim
+        ctx.save_for_backward(a, b, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        a, b, out = ctx.saved_tensors
+        dim = ctx.dim
+        w = (a + b - _finite_or_zero(out).unsqueeze(dim)).exp() * g.unsqueeze(dim)
+        return _reduce_to(w, a.shape), _reduce_to(w, b.shape), None
+
+
+def _reduce_to(t: Tensor, shape: torch.Size) -> Tensor:
+    """Sum ``t`` over the dimensions along which a tensor of ``shape`` was broadcast."""
+    if t.shape == shape:
+        return t
+    lead = t.dim() - len(shape)
+    dims = list(range(lead)) + [lead + i for i, s in enumerate(shape) if s == 1 and t.shape[lead + i] != 1]
+    return t.sum(dims, keepdim=True).reshape(shape) if dims else t
+
+
+class LogSemiring(Semiring):
+    """logsumexp / +. The program's value is the log-partition; its gradient is the marginals."""
+
+    name = "Log"
+
+    def convert(self, x: Tensor) -> Tensor:
+        return x
+
+    def zero(self, shape, like):
+        return torch.full(tuple(shape), NEG_INF, dtype=like.dtype, device=like.device)
+
+    def one(self, shape, like):
+        return torch.zeros(tuple(shape), dtype=like.dtype, device=like.device)
+
+    def times(self, a, b):
+        return a + b
+
+    def sum(self, x, dim):
+        return _LogSumExp.apply(x, dim)
+
+    def dot(self, a, b, dim):
+        return _LogDot.apply(a, b, dim)
+
+
+class MaxSemiring(LogSemiring):
+    """max / +. The value is the best score; its gradient is the argmax structure."""
+
+    name = "Max"
+
+    def sum(self, x, dim):
+        return x.max(dim).values
+
+    def dot(self, a, b, dim):
+        return (a + b).max(dim).values
+
+
+class _SampledSum(torch.autograd.Function):
+    """Forward: logsumexp. Backward: route the incoming count to one summand drawn from the softmax.
+
+    Run top-down through a chart, the backward pass is forward-filtering backward-sampling: the
+    gradient of the goal is the one-hot indicator of an exact sample.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int) -> Tensor:
+        out = torch.logsumexp(x, dim)
+        ctx.dim = dim
+        ctx.save_for_backward(x)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):
+        (x,) = ctx.saved_tensors
+        dim = ctx.dim
+        u = torch.rand_like(x).clamp_min_(torch.finfo(x.dtype).tiny)
+        choice = (x - (-u.log()).log()).argmax(dim, keepdim=True)  # Gumbel-max: an exact draw
+        onehot = torch.zeros_like(x).scatter_(dim, choice, 1.0)
+        return onehot * g.unsqueeze(dim), None
+
+
+class SampledSemiring(LogSemiring):
+    """logsumexp / +, whose gradient is an exact sample instead of the marginals.
+
+    Draw many samples at once by giving the program a batch of copies of the potentials.
+    """
+
+    name = "Sampled"
+
+    def sum(self, x, dim):
+        return _SampledSum.apply(x, dim)
+
+    def dot(self, a, b, dim):
+        return self.sum(a + b, dim)
+
+
+class RealSemiring(Semiring):
+    """+ / × in linear space. Exact for small problems; underflows on long ones."""
+
+    name = "Real"
+
+    def convert(self, x):
+        return x.exp()
+
+    def zero(self, shape, like):
+        return torch.zeros(tuple(shape), dtype=like.dtype, device=like.device)
+
+    def one(self, shape, like):
+        return torch.ones(tuple(shape), dtype=like.dtype, device=like.device)
+
+    def plus(self, a, b):
+        return a + b
+
+    def times(self, a, b):
+        return a * b
+
+    def sum(self, x, dim):
+        return x.sum(dim)
+
+
+class CountSemiring(RealSemiring):
+    """The number of structures of finite score (a potential of -inf removes a part), in float64."""
+
+    name = "Count"
+
+    def convert(self, x):
+        return torch.isfinite(x).to(torch.float64)
+
+    def dtype(self, like):
+        return torch.float64
+
+    def zero(self, shape, like):
+        return torch.zeros(tuple(shape), dtype=torch.float64, device=like.device)
+
+    def one(self, shape, like):
+        return torch.ones(tuple(shape), dtype=torch.float64, device=like.device)
+
+
+class SignedLogSemiring(Semiring):
+    """Real numbers of either sign in log space (Li & Eisner 2009; Table 1 of Kim et al. 2017).
+
+    An element is ``stack([log|a|, sign a])`` (component dimension 2, sign in {-1, +1}; zero is
+    ``(-inf, +1)``). ⊗ adds the logs and multiplies the signs. ⊕ of equal signs is
+    ``l_a + log1p(d)``, of opposite signs ``l_a + log1p(-d)``, ``d = exp(l_b - l_a)``, ``|a| ≥ |b|``,
+    taking the sign of ``a``; so ``a ⊕ (−a)`` is an exact zero.
+    """
+
+    extra = 1
+    name = "SignedLog"
+
+    def convert(self, x):
+        return torch.stack([x, torch.ones_like(x)])
+
+    @staticmethod
+    def from_real(x: Tensor) -> Tensor:
+        """The element of a real (signed, linear-space) tensor."""
+        return torch.stack([x.abs().log(), torch.where(x < 0, -1.0, 1.0).to(x.dtype)])
+
+    @staticmethod
+    def to_real(a: Tensor) -> Tensor:
+        return a[1] * a[0].exp()
+
+    def zero(self, shape, like):
+        return torch.stack([torch.full(tuple(shape), NEG_INF, dtype=like.dtype, device=like.device),
+                            torch.ones(tuple(shape), dtype=like.dtype, device=like.device)])
+
+    def one(self, shape, like):
+        return torch.stack([torch.zeros(tuple(shape), dtype=like.dtype, device=like.device),
+                            torch.ones(tuple(shape), dtype=like.dtype, device=like.device)])
+
+    def times(self, a, b):
+        return torch.stack([a[0] + b[0], a[1] * b[1]])
+
+    def plus(self, a, b):
+        a, b = torch.broadcast_tensors(a, b)
+        a_bigger = a[0] >= b[0]
+        hi = torch.where(a_bigger, a[0], b[0])
+        lo = torch.where(a_bigger, b[0], a[0])
+        sign = torch.where(a_bigger, a[1], b[1])
+        same = a[1] == b[1]
+        return self._combine(hi, lo, sign, same)
+
+    @staticmethod
+    def _combine(hi: Tensor, lo: Tensor, sign: Tensor, same: Tensor) -> Tensor:
+        d = (lo - _finite_or_zero(hi)).exp()  # in [0, 1]; 0 when both are zero
+        log_mag = _finite_or_zero(hi) + torch.where(same, torch.log1p(d), torch.log1p(-d))
+        log_mag = torch.where(torch.isfinite(hi), log_mag, hi)
+        sign = torch.where(torch.isneginf(log_mag), torch.ones_like(sign), sign)
+        return torch.stack([log_mag, sign])
+
+    def sum(self, x, dim):
+        d = dim - 1 if dim >= 0 else dim
+        pos = _LogSumExp.apply(x[0].masked_fill(x[1] < 0, NEG_INF), d)
+        neg = _LogSumExp.apply(x[0].masked_fill(x[1] > 0, NEG_INF), d)
+        pos_bigger = pos >= neg
+        hi = torch.where(pos_bigger, pos, neg)
+        lo = torch.where(pos_bigger, neg, pos)
+        sign = torch.where(pos_bigger, 1.0, -1.0).to(x.dtype)
+        return self._combine(hi, lo, sign, torch.zeros_like(pos_bigger))
+
+
+class KMax(Semiring):
+    """top-k / +. Component dimension k holds the k best values, best first.
+
+    The gradient of the j-th value is the j-th best structure (ties broken arbitrarily, each slot
+    a distinct derivation); slots beyond the number of structures hold -inf.
+    """
+
+    extra = 1
+
+    def __init__(self, k: int):
+        if k < 1:
+            raise ValueError(f"k: expected a positive integer, got {k}")
+        self.k = k
+        self.name = f"KMax({k})"
+
+    def convert(self, x):
+        rest = torch.full((self.k - 1, *x.shape), NEG_INF, dtype=x.dtype, device=x.device)
+        return torch.cat([x.unsqueeze(0), rest])
+
+    def zero(self, shape, like):
+        return torch.full((self.k, *shape), NEG_INF, dtype=like.dtype, device=like.device)
+
+    def one(self, shape, like):
+        z = self.zero(shape, like)
+        z[0] = 0.0
+        return z
+
+    def _top(self, x: Tensor) -> Tensor:
+        """x: [M, *rest] -> the k largest along the first dimension, sorted."""
+        if x.shape[0] < self.k:
+            pad = torch.full((self.k - x.shape[0], *x.shape[1:]), NEG_INF, dtype=x.dtype, device=x.device)
+            x = torch.cat([x, pad])
+        return x.topk(self.k, dim=0).values
+
+    def plus(self, a, b):
+        a, b = torch.broadcast_tensors(a, b)
+        return self._top(torch.cat([a, b]))
+
+    def times(self, a, b):
+        s = a.unsqueeze(1) + b.unsqueeze(0)
+        return self._top(s.reshape(-1, *s.shape[2:]))
+
+    def sum(self, x, dim):
+        x = x.movedim(dim, 1)
+        return self._top(x.reshape(-1, *x.shape[2:]))
+
+
+class Derivations(Semiring):
+    """Sets of derivations, explicitly: for enumerating every structure of a small problem.
+
+    Every entry of the inputs (per example) is a *part* with its own id, numbered input by input
+    in the order the program converts them. An element has component dimensions
+    ``[capacity, 1 + num_parts]``: each of ``capacity`` slots is absent (column 0 is 0) or holds one
+    derivation as the multiplicity of every part in it. ⊕ is the union of the slots, ⊗ pairs every
+    derivation of one side with every derivation of the other. A set that outgrows ``capacity``
+    raises ``OverflowError``.
+    """
+
+    extra = 2
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.name = f"Derivations({capacity})"
+        self.part_sizes: list[int] = []
+        self._next = 0
+
+    @property
+    def num_parts(self) -> int:
+        return sum(self.part_sizes)
+
+    def prepare(self, inputs):
+        self.part_sizes = [x[0].numel() if x.dim() else 1 for x in inputs]
+        self._next = 0
+
+    def dtype(self, like):
+        return torch.float32
+
+    def convert(self, x):
+        size = x[0].numel()
+        ids = torch.arange(size, device=x.device).reshape(x.shape[1:]) + sum(self.part_sizes[: self._next])
+        self._next += 1
+        onehot = torch.nn.functional.one_hot(ids, self.num_parts).to(torch.float32)  # [*rest, P]
+        slot = torch.cat([torch.ones(*onehot.shape[:-1], 1), onehot], -1).movedim(-1, 0)  # [1+P, *rest]
+        slot = slot.unsqueeze(1).expand(-1, x.shape[0], *x.shape[1:])  # [1+P, B, *rest]
+        elem = torch.zeros(self.capacity, *slot.shape, device=x.device)
+        elem[0] = slot
+        return elem
+
+    def zero(self, shape, like):
+        return torch.zeros(self.capacity, 1 + self.num_parts, *shape, device=like.device)
+
+    def one(self, shape, like):
+        z = self.zero(shape, like)
+        z[0, 0] = 1.0
+        return z
+
+    def _compact(self, x: Tensor) -> Tensor:
+        present = x[:, 0] > 0
+        if present.sum(0).max() > self.capacity:
+            raise OverflowError(f"more than {self.capacity} derivations of one item")
+        order = present.to(torch.int8).argsort(dim=0, descending=True, stable=True)[: self.capacity]
+        return x.gather(0, order.unsqueeze(1).expand(-1, x.shape[1], *order.shape[1:]))
+
+    def plus(self, a, b):
+        a, b = torch.broadcast_tensors(a, b)
+        return self._compact(torch.cat([a, b]))
+
+    def times(self, a, b):
+        presence = a[:, None, :1] * b[None, :, :1]
+        s = torch.cat([presence, (a[:, None, 1:] + b[None, :, 1:]) * presence], 2)
+        return self._compact(s.reshape(-1, *s.shape[2:]))
+
+    def sum(self, x, dim):
+        x = x.movedim(dim, 1)
+        return self._compact(x.reshape(-1, *x.shape[2:]))
+
+
+Log = LogSemiring()
+Max = MaxSemiring()
+Real = RealSemiring()
+Count = CountSemiring()
+SignedLog = SignedLogSemiring()
+Sampled = SampledSemiring()
