@@ -72,7 +72,7 @@ class Grounding:
 # ---------------------------------------------------------------- bounds
 
 
-def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space]):
+def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels, head: bool = True):
     """Linear constraints ``lo <= expr <= hi`` on the rule's variables."""
     cons: list[tuple[Affine, float, float]] = []
 
@@ -91,8 +91,13 @@ def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[s
             index_in(t, None if sp is None else list(zip(sp.lo, sp.hi)))
         else:
             index_in(t, [(0, s - 1) for s in shapes[t.name]])
-    sp = extents.get(rule.head.name)
+    sp = extents.get(rule.head.name) if head else None
     index_in(rule.head, None if sp is None else list(zip(sp.lo, sp.hi)))
+    for t in (rule.head, *rule.terms):  # dimensions of named constants hold just those
+        for d, ix in enumerate(t.indices):
+            codes = labels.get((t.name, d))
+            if codes and isinstance(ix, Affine) and ix.coeffs:
+                cons.append((ix, min(codes), max(codes)))
     for r in rule.ranges:
         v = Affine(((r.var, 1),))
         cons.append((v.minus(r.lo), 0, math.inf))
@@ -105,8 +110,23 @@ def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[s
     return cons
 
 
-def _propagate(variables: set[str], cons) -> dict[str, tuple[float, float]]:
-    box = {v: (-math.inf, math.inf) for v in variables}
+def _propagate(rule: Rule, cons, universe: int) -> dict[str, tuple[float, float]]:
+    """Interval bounds of every variable of ``rule`` under ``cons``.
+
+    An index variable that nothing bounds on some side (``for u in s+1..t`` bounds ``t`` only below;
+    ``C[s, s, d] = 1`` bounds ``s`` not at all) is then bounded by the *universe* ``0..universe``, the
+    largest index any input admits; what lies beyond the real reach of the rules is removed later,
+    when instances reading undefined items are dropped.
+    """
+    box = _tighten({v: (-math.inf, math.inf) for v in rule.variables}, cons)
+    indexing = rule.head.variables.union(*(t.variables for t in rule.terms))
+    half = {v for v, (lo, hi) in box.items() if v in indexing and not (math.isfinite(lo) and math.isfinite(hi))}
+    if half:
+        box = _tighten({v: (max(lo, 0), min(hi, universe)) if v in half else (lo, hi) for v, (lo, hi) in box.items()}, cons)
+    return box
+
+
+def _tighten(box: dict[str, tuple[float, float]], cons) -> dict[str, tuple[float, float]]:
     for _ in range(100):
         changed = False
         for expr, lo, hi in cons:
@@ -132,6 +152,10 @@ def _propagate(variables: set[str], cons) -> dict[str, tuple[float, float]]:
     return box
 
 
+def _universe(shapes) -> int:
+    return max((s - 1 for shape in shapes.values() for s in shape), default=0)
+
+
 def _index_hull(ix, box, syntax: Syntax) -> tuple[float, float]:
     if isinstance(ix, Const):
         code = syntax.constants[ix.name]
@@ -144,14 +168,25 @@ def _index_hull(ix, box, syntax: Syntax) -> tuple[float, float]:
     return lo, hi
 
 
-def _extents(rules: list[Rule], syntax: Syntax, shapes) -> dict[str, Space]:
+def label_dims(rules: list[Rule], syntax: Syntax) -> dict[tuple[str, int], set[int]]:
+    """(chart or input, dimension) -> the codes of the constants that index it."""
+    out: dict[tuple[str, int], set[int]] = {}
+    for rule in rules:
+        for t in (rule.head, *rule.terms):
+            for d, ix in enumerate(t.indices):
+                if isinstance(ix, Const):
+                    out.setdefault((t.name, d), set()).add(syntax.constants[ix.name])
+    return out
+
+
+def _extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Space]:
     """The index box of every chart: the hull of what its rules can write, found by iteration."""
     extents: dict[str, Space] = {}
     for sweep in range(len(rules) + 3):
         changed = False
         grown: Rule | None = None
         for rule in rules:
-            box = _propagate(rule.variables, _constraints(rule, shapes, extents))
+            box = _propagate(rule, _constraints(rule, shapes, extents, labels, head=False), _universe(shapes))
             if any(lo > hi for lo, hi in box.values()):
                 continue  # the rule has no instance at these shapes
             hull = [_index_hull(ix, box, syntax) for ix in rule.head.indices]
@@ -174,9 +209,9 @@ def _extents(rules: list[Rule], syntax: Syntax, shapes) -> dict[str, Space]:
 # ---------------------------------------------------------------- instantiation
 
 
-def _instantiate(rule: Rule, syntax: Syntax, shapes, extents) -> dict[str, np.ndarray]:
+def _instantiate(rule: Rule, syntax: Syntax, shapes, extents, labels) -> dict[str, np.ndarray]:
     variables = sorted(rule.variables, key=lambda v: (v not in rule.head.variables, str(rule).find(v)))
-    box = _propagate(set(variables), _constraints(rule, shapes, extents))
+    box = _propagate(rule, _constraints(rule, shapes, extents, labels), _universe(shapes))
     for v in variables:
         lo, hi = box[v]
         if lo > hi:
@@ -189,7 +224,7 @@ def _instantiate(rule: Rule, syntax: Syntax, shapes, extents) -> dict[str, np.nd
     grids = np.meshgrid(*[np.arange(box[v][0], box[v][1] + 1, dtype=np.int64) for v in variables], indexing="ij")
     values = {v: g.ravel() for v, g in zip(variables, grids)}
     keep = np.ones(math.prod(sizes), dtype=bool)
-    for expr, lo, hi in _constraints(rule, shapes, extents):
+    for expr, lo, hi in _constraints(rule, shapes, extents, labels):
         e = _eval(expr, values, keep.shape[0])
         keep &= (e >= lo) & (e <= hi)
     for c in rule.conds:
@@ -208,9 +243,8 @@ def _eval(ix, values: dict[str, np.ndarray], size: int, syntax: Syntax | None = 
 
 
 def ground(rules: list[Rule], syntax: Syntax, shapes: dict[str, tuple[int, ...]]) -> Grounding:
-    extents = _extents(rules, syntax, shapes)
-    for name in syntax.charts:
-        extents.setdefault(name, Space([0] * syntax.charts[name], [-1] * syntax.charts[name]))
+    labels = label_dims(rules, syntax)
+    extents = _extents(rules, syntax, shapes, labels)
     for rule in rules:
         extents.setdefault(rule.head.name, Space([0] * len(rule.head.indices), [-1] * len(rule.head.indices)))
     offsets, total = {}, 0
@@ -222,10 +256,24 @@ def ground(rules: list[Rule], syntax: Syntax, shapes: dict[str, tuple[int, ...]]
         sp = extents[t.name]
         return offsets[t.name] + sp.flat([_eval(ix, values, size, syntax) for ix in t.indices])
 
+    def in_box(t: Term, values, size):
+        sp = extents[t.name]
+        ok = np.ones(size, dtype=bool)
+        for ix, lo, hi in zip(t.indices, sp.lo, sp.hi):
+            c = _eval(ix, values, size, syntax)
+            ok &= (c >= lo) & (c <= hi)
+        return ok
+
     grounds: list[Ground] = []
     for rule in rules:
-        values = _instantiate(rule, syntax, shapes, extents)
+        values = _instantiate(rule, syntax, shapes, extents, labels)
         size = len(next(iter(values.values()))) if values else 1
+        keep = np.ones(size, dtype=bool)
+        for t in (rule.head, *rule.terms):
+            if t.name in extents:
+                keep &= in_box(t, values, size)
+        values = {v: a[keep] for v, a in values.items()}
+        size = int(keep.sum())
         reads: list[np.ndarray | None] = []
         for t in rule.terms:
             if t.is_one:

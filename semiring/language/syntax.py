@@ -248,7 +248,7 @@ def _term(ln: _Line) -> Term:
         if value != "1":
             raise ProgramError(f"the only number that can be a term is 1 (the semiring one), found {value}", ln.line, col, ln.text)
         return Term("1", (), ln.line, col)
-    if kind != "name" or value in _KEYWORDS or _is_const(value):
+    if kind != "name" or value in _KEYWORDS:
         raise ProgramError(f"expected a chart, an input or 1, found {value!r}", ln.line, col, ln.text)
     indices: list[Index] = []
     if ln.peek("["):
