@@ -72,7 +72,17 @@ class Grounding:
 # ---------------------------------------------------------------- bounds
 
 
-def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels, head: bool = True):
+def _bounds(rule: Rule, shapes, extents: dict[str, Space], labels) -> dict[str, tuple[float, float]]:
+    """Interval bounds of the rule's variables: by inputs, ranges and conditions first; by chart
+    extents only where those leave a variable unbounded (so a chart's partial extent, while it is
+    still being found, never clips a rule that its inputs bound)."""
+    box = _propagate(rule, _constraints(rule, shapes, {}, labels))
+    if all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in box.values()):
+        return box
+    return _propagate(rule, _constraints(rule, shapes, extents, labels))
+
+
+def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels):
     """Linear constraints ``lo <= expr <= hi`` on the rule's variables."""
     cons: list[tuple[Affine, float, float]] = []
 
@@ -91,7 +101,7 @@ def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[s
             index_in(t, None if sp is None else list(zip(sp.lo, sp.hi)))
         else:
             index_in(t, [(0, s - 1) for s in shapes[t.name]])
-    sp = extents.get(rule.head.name) if head else None
+    sp = extents.get(rule.head.name)
     index_in(rule.head, None if sp is None else list(zip(sp.lo, sp.hi)))
     for t in (rule.head, *rule.terms):  # dimensions of named constants hold just those
         for d, ix in enumerate(t.indices):
@@ -110,20 +120,9 @@ def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[s
     return cons
 
 
-def _propagate(rule: Rule, cons, universe: int) -> dict[str, tuple[float, float]]:
-    """Interval bounds of every variable of ``rule`` under ``cons``.
-
-    An index variable that nothing bounds on some side (``for u in s+1..t`` bounds ``t`` only below;
-    ``C[s, s, d] = 1`` bounds ``s`` not at all) is then bounded by the *universe* ``0..universe``, the
-    largest index any input admits; what lies beyond the real reach of the rules is removed later,
-    when instances reading undefined items are dropped.
-    """
-    box = _tighten({v: (-math.inf, math.inf) for v in rule.variables}, cons)
-    indexing = rule.head.variables.union(*(t.variables for t in rule.terms))
-    half = {v for v, (lo, hi) in box.items() if v in indexing and not (math.isfinite(lo) and math.isfinite(hi))}
-    if half:
-        box = _tighten({v: (max(lo, 0), min(hi, universe)) if v in half else (lo, hi) for v, (lo, hi) in box.items()}, cons)
-    return box
+def _propagate(rule: Rule, cons) -> dict[str, tuple[float, float]]:
+    """Interval bounds of every variable of ``rule`` under ``cons``."""
+    return _tighten({v: (-math.inf, math.inf) for v in rule.variables}, cons)
 
 
 def _tighten(box: dict[str, tuple[float, float]], cons) -> dict[str, tuple[float, float]]:
@@ -152,10 +151,6 @@ def _tighten(box: dict[str, tuple[float, float]], cons) -> dict[str, tuple[float
     return box
 
 
-def _universe(shapes) -> int:
-    return max((s - 1 for shape in shapes.values() for s in shape), default=0)
-
-
 def _index_hull(ix, box, syntax: Syntax) -> tuple[float, float]:
     if isinstance(ix, Const):
         code = syntax.constants[ix.name]
@@ -180,29 +175,36 @@ def label_dims(rules: list[Rule], syntax: Syntax) -> dict[tuple[str, int], set[i
 
 
 def _extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Space]:
-    """The index box of every chart: the hull of what its rules can write, found by iteration."""
-    extents: dict[str, Space] = {}
+    """The index box of every chart: the hull of every write and read of it by a rule whose
+    variables are bounded, found by iterating to a fixpoint. A rule whose variables only the chart
+    itself bounds (``C[s, s, d] = 1``) ranges over what the other rules write and read."""
+    hulls: dict[str, list[list[float]]] = {}
+
+    def boxes():
+        return {c: Space([int(l) for l, _ in h], [int(u) for _, u in h]) for c, h in hulls.items()
+                if all(math.isfinite(l) for l, _ in h)}
+
     for sweep in range(len(rules) + 3):
-        changed = False
-        grown: Rule | None = None
+        changed, grown = False, None
         for rule in rules:
-            box = _propagate(rule, _constraints(rule, shapes, extents, labels, head=False), _universe(shapes))
-            if any(lo > hi for lo, hi in box.values()):
-                continue  # the rule has no instance at these shapes
-            hull = [_index_hull(ix, box, syntax) for ix in rule.head.indices]
-            if any(not (math.isfinite(lo) and math.isfinite(hi)) for lo, hi in hull):
-                continue
-            old = extents.get(rule.head.name)
-            lo = [int(l) for l, _ in hull]
-            hi = [int(h) for _, h in hull]
-            if old is not None:
-                lo = [min(a, b) for a, b in zip(lo, old.lo)]
-                hi = [max(a, b) for a, b in zip(hi, old.hi)]
-            if old is None or lo != old.lo or hi != old.hi:
-                extents[rule.head.name] = Space(lo, hi)
-                changed, grown = True, rule
+            box = _bounds(rule, shapes, boxes(), labels)
+            for t in (rule.head, *rule.terms):
+                if t.is_one or t.name in shapes:
+                    continue
+                h = hulls.setdefault(t.name, [[math.inf, -math.inf] for _ in t.indices])
+                for d, ix in enumerate(t.indices):
+                    vs = ix.variables
+                    if any(box[v][0] > box[v][1] or not math.isfinite(box[v][0] - box[v][1]) for v in vs):
+                        continue
+                    lo, hi = _index_hull(ix, box, syntax)
+                    if lo < h[d][0] or hi > h[d][1]:
+                        h[d] = [min(lo, h[d][0]), max(hi, h[d][1])]
+                        changed, grown = True, rule
         if not changed:
-            return extents
+            out = boxes()
+            for c, h in hulls.items():
+                out.setdefault(c, Space([0] * len(h), [-1] * len(h)))
+            return out
     raise grown.error("cannot bound the index arithmetic of this rule: its chart grows without limit")
 
 
@@ -211,7 +213,7 @@ def _extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spa
 
 def _instantiate(rule: Rule, syntax: Syntax, shapes, extents, labels) -> dict[str, np.ndarray]:
     variables = sorted(rule.variables, key=lambda v: (v not in rule.head.variables, str(rule).find(v)))
-    box = _propagate(rule, _constraints(rule, shapes, extents, labels), _universe(shapes))
+    box = _bounds(rule, shapes, extents, labels)
     for v in variables:
         lo, hi = box[v]
         if lo > hi:
