@@ -1,0 +1,104 @@
+"""The linear-chain CRF."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import semiring
+
+from .distribution import StructuredDistribution, check_shape
+
+
+class LinearChainCRF(StructuredDistribution):
+    """A distribution over tag sequences of length ``n`` with ``C`` tags.
+
+    ``log_potentials[b, i, y, c]`` (shape ``[B, N-1, C, C]``) scores tag ``y`` at position ``i``
+    followed by tag ``c`` at position ``i+1`` ("from" first, "to" second). ``lengths[b]`` in
+    ``1..N`` is the number of tags of example b (default N). Marginals and one-hot structures have
+    the shape of ``log_potentials``; ``decode()`` gives tags ``[B, N]`` (0 past each length).
+
+    Use :meth:`from_emissions` for the emission + transition parameterization of pytorch-crf.
+    """
+
+    program = semiring.program("""
+        alpha[0, c]  = 1
+        alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]
+        goal        += alpha[n-1, c]
+    """)
+    shape = "B, N-1, C, C"
+
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        super().__init__(log_potentials, lengths)
+        self._bos = False  # True when tag 0 at position 0 is a start symbol (from_emissions)
+
+    @classmethod
+    def from_emissions(cls, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
+                       end: Tensor | None = None, lengths: Tensor | None = None) -> "LinearChainCRF":
+        """The CRF ``score(tags) = start[t_0] + Σ_i emissions[i, t_i] + Σ_i transitions[t_i, t_{i+1}] + end[t_{n-1}]``.
+
+        ``emissions [B, N, C]``, ``transitions [C, C]`` (from, to), ``start [C]``, ``end [C]``,
+        ``lengths [B]`` in ``1..N``. Built as a chain over ``N+1`` positions whose first is a start
+        symbol, so that sequences of length 1 are scored like any other; ``decode()`` and
+        ``to_parts`` speak of the ``N`` real tags.
+        """
+        check_shape("emissions", emissions, "B, N, C")
+        B, N, C = emissions.shape
+        check_shape("transitions", transitions, "C, C")
+        if transitions.shape[0] != C:
+            raise ValueError(f"transitions: expected shape [C, C] = [{C}, {C}], got {list(transitions.shape)}")
+        for name, v in (("start", start), ("end", end)):
+            if v is not None:
+                check_shape(name, v, "C")
+                if v.shape[0] != C:
+                    raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
+        if lengths is not None:
+            lengths = torch.as_tensor(lengths)
+            if lengths.shape != (B,) or lengths.dtype.is_floating_point or (lengths < 1).any() or (lengths > N).any():
+                raise ValueError(f"lengths: expected integers in 1..{N} of shape [B] = [{B}], got {lengths.tolist()}")
+        first = emissions[:, :1] + (0 if start is None else start)  # [B, 1, C]
+        forbid = torch.full((C - 1, C), float("-inf"), dtype=emissions.dtype, device=emissions.device)
+        first = torch.cat([first, forbid.expand(B, C - 1, C)], 1).unsqueeze(1)  # from the start symbol (row 0) only
+        rest = transitions + emissions[:, 1:].unsqueeze(2)  # [B, N-1, C, C]
+        edge = torch.cat([first, rest], 1)
+        if end is not None:
+            last = (torch.full((B,), N, device=emissions.device) if lengths is None else lengths.to(emissions.device)) - 1
+            at_last = torch.nn.functional.one_hot(last, N).to(emissions.dtype)  # [B, N]
+            edge = edge + at_last[:, :, None, None] * end
+        crf = cls(edge, None if lengths is None else lengths + 1)
+        crf._bos = True
+        return crf
+
+    def decode(self) -> Tensor:
+        """``[B, N]`` long: the best tag sequence (0 past each length)."""
+        return self.tags(self.argmax)
+
+    def tags(self, parts: Tensor) -> Tensor:
+        """Tags ``[..., B, N]`` of structures given as one-hot parts ``[..., B, N-1, C, C]``."""
+        if parts.shape[-3] == 0:
+            return torch.zeros(*parts.shape[:-3], 1, dtype=torch.long, device=parts.device)
+        first = parts[..., :1, :, :].sum(-1).argmax(-1)
+        rest = parts.sum(-2).argmax(-1)
+        on = parts.flatten(-2).sum(-1) > 0
+        tags = torch.cat([first, rest * on], -1)
+        return tags[..., 1:] if self._bos else tags
+
+    def to_parts(self, tags: Tensor) -> Tensor:
+        """One-hot parts ``[..., B, N-1, C, C]`` of tag sequences ``[..., B, N]`` (entries past each length ignored)."""
+        if self._bos:
+            tags = torch.cat([torch.zeros_like(tags[..., :1]), tags], -1)
+        C = self._theta.shape[-1]
+        n = self._theta.shape[1] + 1
+        if tags.shape[-1] != n:
+            raise ValueError(f"value: expected tags of shape [..., B, {n - 1 if self._bos else n}], got {list(tags.shape)}")
+        pairs = tags[..., :-1] * C + tags[..., 1:]
+        onehot = torch.nn.functional.one_hot(pairs, C * C).reshape(*pairs.shape, C, C).to(self._theta.dtype)
+        inside = torch.arange(n - 1, device=tags.device) < (self.lengths.to(tags.device) - 1).unsqueeze(-1)
+        return onehot * inside[..., None, None]
+
+    @property
+    def tag_marginals(self) -> Tensor:
+        """``[B, N, C]``: p(tag at position i is c) (0 past each length)."""
+        m = self.marginals
+        tags = torch.cat([m[:, :1].sum(-1), m.sum(-2)], 1)
+        return tags[:, 1:] if self._bos else tags

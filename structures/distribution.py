@@ -1,0 +1,243 @@
+"""The distribution every structure returns: one program, one tensor of log-potentials, every query.
+
+A structure is a Gibbs distribution ``p(z) ∝ exp⟨θ, z⟩`` over the one-hot *parts* ``z`` of its
+structures, ``θ = log_potentials`` (batch first). The class declares the program that sums over
+those structures; everything below follows from running it in a semiring and differentiating:
+
+=====================  ==================================================================
+``log_partition``      Log semiring                                   ``[B]``
+``marginals``          ∂ log Z / ∂θ (differentiable: second order works)  ``[B, *parts]``
+``argmax``, ``max``    Max semiring and its gradient                 ``[B, *parts]``, ``[B]``
+``topk(k)``            KMax(k) and the gradient of each of the k scores  ``[k, B, *parts]``
+``sample(shape)``      Sampled semiring: forward filtering, backward sampling  ``[*shape, B, *parts]``
+``count``              Count semiring                                 ``[B]``
+``enumerate_support``  Derivations semiring                           ``[S, B, *parts]``
+``entropy``, ``kl``    H = log Z − ⟨θ, μ⟩; KL(p‖q) = log Z_q − log Z_p + ⟨θ_p − θ_q, μ_p⟩
+=====================  ==================================================================
+
+Potentials of ``-inf`` forbid parts (constraints); with nothing left, ``log Z = -inf``, marginals
+are 0 and no result is NaN. float16/bfloat16 potentials are computed in float32 and results
+returned in the input dtype. Inputs are never modified.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import ClassVar, Sequence
+
+import torch
+from torch import Tensor
+
+import semiring as sr
+from semiring import Program
+
+
+def check_shape(name: str, x: Tensor, spec: str) -> None:
+    """Raise ``ValueError`` unless ``x`` is a floating tensor of shape ``spec`` (e.g. ``"B, N-1, C, C"``):
+    the right rank, and equal sizes wherever ``spec`` repeats a symbol."""
+    symbols = [s.strip() for s in spec.split(",")]
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name}: expected a tensor of shape [{spec}], got {type(x).__name__}")
+    if x.dim() != len(symbols) or any(
+        x.shape[i] != x.shape[symbols.index(s)] for i, s in enumerate(symbols)
+    ):
+        raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
+    if torch.isnan(x).any():
+        raise ValueError(f"{name}: contains NaN")
+    if torch.isposinf(x).any():
+        raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
+
+
+def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
+    """⟨θ, μ⟩ over the last ``dims`` dimensions, with 0 · (-inf) = 0 (forbidden parts have μ = 0)."""
+    prod = theta.masked_fill(~torch.isfinite(theta), 0.0) * mu
+    out = prod.flatten(-dims).sum(-1) if dims else prod
+    hit = ((mu > 0) & torch.isneginf(theta)).flatten(-dims).any(-1)
+    return out.masked_fill(hit, -math.inf)
+
+
+class StructuredDistribution:
+    """Base class. A subclass sets ``program`` (a :class:`semiring.Program` with one input) and
+    ``shape`` (the potentials' shape, e.g. ``"B, N-1, C, C"``), and may override ``decode``,
+    ``to_parts`` (from the decoded form) and ``__init__`` for its own constructors."""
+
+    program: ClassVar[Program]
+    shape: ClassVar[str]
+
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        check_shape("log_potentials", log_potentials, self.shape)
+        self.log_potentials = log_potentials
+        self.dtype = log_potentials.dtype
+        low = log_potentials.dtype in (torch.float16, torch.bfloat16)
+        self._theta = log_potentials.float() if low else log_potentials
+        self._input = self.program.inputs[0]
+        self._batch, self._shapes = self.program.shapes({self._input: self._theta})
+        self._lengths = self.program.check_lengths(lengths, self._batch, self._shapes)
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def batch_shape(self) -> torch.Size:
+        return torch.Size([self._batch])
+
+    @property
+    def lengths(self) -> Tensor:
+        """``[B]``: each example's length (the default is the longest the potentials allow)."""
+        if self._lengths is not None:
+            return self._lengths
+        return torch.full((self._batch,), int(self.program.lengths_allowed(self._shapes).max()), dtype=torch.long)
+
+    @property
+    def _part_dims(self) -> int:
+        return self._theta.dim() - 1
+
+    def run(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        """Run the structure's program in ``semiring``: ``[*components, B]``."""
+        theta = self._theta if theta is None else theta
+        lengths = self._lengths if lengths is None else lengths
+        semiring.prepare([theta])
+        element = semiring.convert(theta)
+        return self.program.run(semiring, {self._input: element}, lengths, theta.shape[0], self._shapes)
+
+    def _out(self, t: Tensor) -> Tensor:
+        return t.to(self.dtype) if t.dtype.is_floating_point and t.dtype != torch.float64 else t
+
+    def _grad(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None):
+        """(value, ∂ value / ∂θ) of the program in ``semiring``, θ detached."""
+        x = (self._theta if theta is None else theta).detach().requires_grad_()
+        value = self.run(semiring, x, lengths)
+        (g,) = torch.autograd.grad(value.sum(), x)
+        return value.detach(), g
+
+    # ------------------------------------------------------------------ queries
+
+    @cached_property
+    def log_partition(self) -> Tensor:
+        """``[B]``: log Σ_z exp⟨θ, z⟩."""
+        return self._out(self.run(sr.Log))
+
+    @cached_property
+    def partition(self) -> Tensor:
+        return self.log_partition.exp()
+
+    @cached_property
+    def marginals(self) -> Tensor:
+        """``[B, *parts]``: p(part in z). Differentiable w.r.t. the potentials (second order works)."""
+        if self._theta.requires_grad:
+            z = self.run(sr.Log)
+            (m,) = torch.autograd.grad(z.sum(), self._theta, create_graph=True)
+        else:
+            _, m = self._grad(sr.Log)
+        return self._out(m)
+
+    @cached_property
+    def max(self) -> Tensor:
+        """``[B]``: the best score max_z ⟨θ, z⟩."""
+        return self._out(self.run(sr.Max))
+
+    @cached_property
+    def argmax(self) -> Tensor:
+        """``[B, *parts]``: the one-hot parts of a best structure (0 where no structure remains)."""
+        best, g = self._grad(sr.Max)
+        return self._out(g * torch.isfinite(best).reshape(-1, *[1] * self._part_dims))
+
+    def topk(self, k: int) -> Tensor:
+        """``[k, B, *parts]``: the k best structures, best first (slots past the count are 0)."""
+        x = self._theta.detach().requires_grad_()
+        scores = self.run(sr.KMax(k), x)
+        rows = []
+        for j in range(k):
+            (g,) = torch.autograd.grad(scores[j].sum(), x, retain_graph=j + 1 < k)
+            rows.append(g * torch.isfinite(scores[j]).reshape(-1, *[1] * self._part_dims))
+        return self._out(torch.stack(rows))
+
+    def topk_scores(self, k: int) -> Tensor:
+        """``[k, B]``: the k best scores (``-inf`` past the count)."""
+        return self._out(self.run(sr.KMax(k)))
+
+    def sample(self, sample_shape: Sequence[int] = ()) -> Tensor:
+        """``[*sample_shape, B, *parts]``: exact, independent samples (one-hot parts)."""
+        shape = torch.Size(sample_shape)
+        n = max(1, shape.numel())
+        theta = self._theta.detach()
+        many = theta.unsqueeze(0).expand(n, *theta.shape).reshape(n * self._batch, *theta.shape[1:])
+        lengths = None if self._lengths is None else self._lengths.repeat(n)
+        z, g = self._grad(sr.Sampled, many, lengths)
+        g = g * torch.isfinite(z).reshape(-1, *[1] * self._part_dims)
+        return self._out(g.reshape(*shape, *theta.shape))
+
+    def to_parts(self, value: Tensor) -> Tensor:
+        """The one-hot parts of a structure given in its decoded form (see ``decode``)."""
+        raise NotImplementedError(f"{type(self).__name__} takes values as one-hot parts only")
+
+    def score(self, value: Tensor) -> Tensor:
+        """``[..., B]``: ⟨θ, z⟩ for structures ``z`` (one-hot parts, or the decoded form)."""
+        parts = value if value.dtype.is_floating_point else self.to_parts(value)
+        if parts.shape[-self._theta.dim():] != self._theta.shape:
+            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, self._theta.shape))}], got {list(parts.shape)}")
+        return _inner(self._theta, parts.to(self._theta.dtype), self._part_dims)
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        """``[..., B]``: log p(z) for structures ``z`` (one-hot parts, or the decoded form)."""
+        return self._out(self.score(value) - self.run(sr.Log))
+
+    @cached_property
+    def entropy(self) -> Tensor:
+        """``[B]``: H(p) = log Z − ⟨θ, μ⟩."""
+        return self._out(self.run(sr.Log) - _inner(self._theta, self._marginals_exact(), self._part_dims))
+
+    def cross_entropy(self, q: "StructuredDistribution") -> Tensor:
+        """``[B]``: −E_p[log q(z)] = log Z_q − ⟨θ_q, μ_p⟩ (``+inf`` where p puts mass q forbids)."""
+        self._check_same(q)
+        return self._out(q.run(sr.Log) - _inner(q._theta, self._marginals_exact(), self._part_dims))
+
+    def kl(self, q: "StructuredDistribution") -> Tensor:
+        """``[B]``: KL(p‖q) = log Z_q − log Z_p + ⟨θ_p − θ_q, μ_p⟩."""
+        mu = self._marginals_exact()
+        d = self.run(sr.Log) - _inner(self._theta, mu, self._part_dims)
+        return self._out(q.run(sr.Log) - _inner(q._theta, mu, self._part_dims) - d)
+
+    def _marginals_exact(self) -> Tensor:
+        if self._theta.requires_grad:
+            z = self.run(sr.Log)
+            (m,) = torch.autograd.grad(z.sum(), self._theta, create_graph=True)
+            return m
+        return self._grad(sr.Log)[1]
+
+    def _check_same(self, q: "StructuredDistribution") -> None:
+        if type(q) is not type(self) or q._theta.shape != self._theta.shape or not torch.equal(q.lengths, self.lengths):
+            raise ValueError("q: expected the same kind of structure with potentials of the same shape and the same lengths")
+
+    @cached_property
+    def count(self) -> Tensor:
+        """``[B]`` (float64, exact below 2**53): the number of structures of finite score."""
+        return self.run(sr.Count)
+
+    def enumerate_support(self) -> tuple[Tensor, Tensor]:
+        """Every structure of finite score, for small problems: ``(values [S, B, *parts], valid [S, B])``;
+        S is the largest count in the batch, and slots past an example's count are 0 and invalid."""
+        capacity = max(1, int(self.run(sr.Count, torch.zeros_like(self._theta)).max()))
+        while True:
+            try:
+                el = self.run(sr.Derivations(capacity), self._theta.detach())
+                break
+            except OverflowError:
+                capacity *= 2
+        valid = el[:, 0] > 0  # [D, B]
+        values = el[:, 1:].movedim(1, -1).reshape(capacity, *self._theta.shape)
+        valid &= torch.isfinite(_inner(self._theta.detach(), values.to(self._theta.dtype), self._part_dims))
+        order = valid.to(torch.int8).argsort(dim=0, descending=True, stable=True)
+        size = max(1, int(valid.sum(0).max()))
+        order = order[:size]
+        values = values.gather(0, order.reshape(size, -1, *[1] * self._part_dims).expand(size, *values.shape[1:]))
+        return self._out(values.to(self._theta.dtype)), valid.gather(0, order)
+
+    def decode(self) -> Tensor:
+        """The best structure in the structure's own terms (tags, heads, fact ids)."""
+        return self.argmax
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(log_potentials: {list(self.log_potentials.shape)}, lengths: {self.lengths.tolist()})"

@@ -1,0 +1,49 @@
+"""The semi-Markov CRF: labelled segmentations with segments of length up to K."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import semiring
+
+from .distribution import StructuredDistribution
+
+
+class SemiMarkovCRF(StructuredDistribution):
+    """A distribution over segmentations of ``n`` positions into labelled segments of length ``1..K``.
+
+    ``log_potentials[b, j, k-1, y, c]`` (shape ``[B, N, K, C, C]``) scores a segment of length ``k``
+    that *ends* at position ``j`` (covers ``j-k+1..j``), labelled ``c``, following a segment labelled
+    ``y``. The first segment has no predecessor and reads ``y = 0``. ``lengths[b]`` in ``1..N``.
+    ``decode()`` gives ``(start, end, label)`` segments as a tensor of labels per position ``[B, N]``.
+    """
+
+    program = semiring.program("""
+        alpha[j+1, c] += seg[j, j, 0, c]                          # the first segment: 0..j
+        alpha[j+1, c] += alpha[j+1-k, y] * seg[j, k-1, y, c]      # a segment j-k+1..j after one labelled y
+        goal          += alpha[n, c]
+    """)
+    shape = "B, N, K, C, C"
+
+    def decode(self) -> Tensor:
+        """``[B, N]`` long: the label of every position in the best segmentation (-1 past each length)."""
+        return self.labels(self.argmax)
+
+    def labels(self, parts: Tensor) -> Tensor:
+        """Per-position labels ``[..., B, N]`` of segmentations given as one-hot parts."""
+        N, K = parts.shape[-4], parts.shape[-3]
+        on = parts.sum(-2)  # [..., N, K, C]: segment ending at j of length k labelled c
+        out = torch.full(parts.shape[:-4] + (N,), -1, dtype=torch.long, device=parts.device)
+        ends = on.flatten(-2).sum(-1) > 0  # [..., N]
+        length = on.sum(-1).argmax(-1) + 1  # [..., N]
+        label = on.sum(-2).argmax(-1)
+        pos = torch.arange(N, device=parts.device)
+        for k in range(1, K + 1):
+            for back in range(k):
+                hit = ends & (length == k) & (pos >= back)
+                shifted = torch.where(hit, label, torch.full_like(label, -1))
+                target = torch.roll(shifted, -back, -1)
+                target[..., N - back:] = -1
+                out = torch.where(target >= 0, target, out)
+        return out
