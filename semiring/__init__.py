@@ -4,6 +4,7 @@ from .language import Program, ProgramError, program
 from .semirings import (
     Count,
     Derivations,
+    Expectation,
     KMax,
     Log,
     Max,
@@ -14,6 +15,6 @@ from .semirings import (
 )
 
 __all__ = [
-    "Count", "Derivations", "KMax", "Log", "Max", "Program", "ProgramError", "Real", "Sampled",
+    "Count", "Derivations", "Expectation", "KMax", "Log", "Max", "Program", "ProgramError", "Real", "Sampled",
     "Semiring", "SignedLog", "program",
 ]

@@ -216,6 +216,11 @@ class RealSemiring(Semiring):
         return x.sum(dim)
 
 
+    def lift(self, v: Tensor) -> Tensor:
+        """The element of a real constant (any sign)."""
+        return v
+
+
 class CountSemiring(RealSemiring):
     """The number of structures of finite score (a potential of -inf removes a part), in float64."""
 
@@ -258,6 +263,10 @@ class SignedLogSemiring(Semiring):
     def to_real(a: Tensor) -> Tensor:
         return a[1] * a[0].exp()
 
+    def lift(self, v: Tensor) -> Tensor:
+        """The element of a real constant (any sign)."""
+        return self.from_real(v)
+
     def zero(self, shape, like):
         return torch.stack([torch.full(tuple(shape), NEG_INF, dtype=like.dtype, device=like.device),
                             torch.ones(tuple(shape), dtype=like.dtype, device=like.device)])
@@ -281,7 +290,7 @@ class SignedLogSemiring(Semiring):
     @staticmethod
     def _combine(hi: Tensor, lo: Tensor, sign: Tensor, same: Tensor) -> Tensor:
         d = (lo - _finite_or_zero(hi)).exp()  # in [0, 1]; 0 when both are zero
-        log_mag = _finite_or_zero(hi) + torch.where(same, torch.log1p(d), torch.log1p(-d))
+        log_mag = _finite_or_zero(hi) + torch.log1p(torch.where(same, d, -d))  # one branch: no inf gradient from the other
         log_mag = torch.where(torch.isfinite(hi), log_mag, hi)
         sign = torch.where(torch.isneginf(log_mag), torch.ones_like(sign), sign)
         return torch.stack([log_mag, sign])
@@ -295,6 +304,50 @@ class SignedLogSemiring(Semiring):
         lo = torch.where(pos_bigger, neg, pos)
         sign = torch.where(pos_bigger, 1.0, -1.0).to(x.dtype)
         return self._combine(hi, lo, sign, torch.zeros_like(pos_bigger))
+
+
+class Expectation(Semiring):
+    """The first-order expectation semiring (Li & Eisner 2009) over a signed ``base``.
+
+    An element is a pair ``(p, r)`` of base elements (a leading component dimension of 2):
+    ``(p1, r1) ⊕ (p2, r2) = (p1 + p2, r1 + r2)``, ``(p1, r1) ⊗ (p2, r2) = (p1 p2, p1 r2 + p2 r1)``.
+    Converting a part with potential θ and value v gives ``(e^θ, e^θ v)``; the goal is then
+    ``(Z, Σ_z e^⟨θ,z⟩ ⟨v, z⟩)``, so ``r / p`` is the expectation of the additive function ⟨v, z⟩.
+    Over ``SignedLog`` the signed sums stay exact in log space where ``Real`` underflows.
+    """
+
+    def __init__(self, base: Semiring):
+        if not hasattr(base, "lift"):
+            raise ValueError(f"base: expected a semiring that holds signed reals (Real, SignedLog), got {base}")
+        self.base = base
+        self.extra = base.extra + 1
+        self.name = f"Expectation({base})"
+
+    def convert(self, x):
+        p = self.base.convert(x)
+        return torch.stack([p, self.base.zero(x.shape, x)])
+
+    def pair(self, x: Tensor, v: Tensor) -> Tensor:
+        """The element ``(e^x, e^x v)`` of parts with potentials ``x`` and values ``v``."""
+        p = self.base.convert(x)
+        return torch.stack([p, self.base.times(p, self.base.lift(v.to(x.dtype)))])
+
+    def zero(self, shape, like):
+        z = self.base.zero(shape, like)
+        return torch.stack([z, z])
+
+    def one(self, shape, like):
+        return torch.stack([self.base.one(shape, like), self.base.zero(shape, like)])
+
+    def plus(self, a, b):
+        return torch.stack([self.base.plus(a[0], b[0]), self.base.plus(a[1], b[1])])
+
+    def times(self, a, b):
+        b_ = self.base
+        return torch.stack([b_.times(a[0], b[0]), b_.plus(b_.times(a[0], b[1]), b_.times(a[1], b[0]))])
+
+    def sum(self, x, dim):
+        return torch.stack([self.base.sum(x[0], dim), self.base.sum(x[1], dim)])
 
 
 class KMax(Semiring):
