@@ -205,23 +205,23 @@ class StructuredDistribution:
         over ``base`` (exact in log space with SignedLog). Differentiable: its gradient w.r.t. the
         potentials is the Hessian-vector product H v (H = Cov_p(z)), which is how a loss on the
         marginals is backpropagated without differentiating the marginals (``marginals_backward``)."""
-        if v.shape != self._theta.shape:
-            raise ValueError(f"v: expected shape {list(self._theta.shape)} (that of log_potentials), got {list(v.shape)}")
-        e = sr.Expectation(base)
-        out = self.program.run(e, {self._input: e.pair(self._theta, v)}, self._lengths, self._batch, self._shapes)
-        if base is sr.SignedLog:
-            return self._out(out[1, 1] * (out[1, 0] - out[0, 0]).exp())
-        return self._out(out[1] / out[0])
+        return self._out(self._expected(self._theta, v, base))
 
     def marginals_backward(self, grad_marginals: Tensor) -> Tensor:
         """``[B, *parts]``: ∂L/∂θ for a loss L with ``grad_marginals = ∂L/∂μ``, computed as the gradient
         of ``expected_score(grad_marginals)`` in the signed-log expectation semiring (Kim et al. 2017 §3.3)."""
         x = self._theta.detach().requires_grad_()
-        q = type(self).__new__(type(self))
-        q.__dict__.update({k: v for k, v in self.__dict__.items() if not isinstance(getattr(type(self), k, None), cached_property)})
-        q._theta = x
-        (g,) = torch.autograd.grad(q.expected_score(grad_marginals.detach()).sum(), x)
+        (g,) = torch.autograd.grad(self._expected(x, grad_marginals.detach(), sr.SignedLog).sum(), x)
         return self._out(g)
+
+    def _expected(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
+        if v.shape != theta.shape:
+            raise ValueError(f"v: expected shape {list(theta.shape)} (that of log_potentials), got {list(v.shape)}")
+        e = sr.Expectation(base)
+        out = self.program.run(e, {self._input: e.pair(theta, v)}, self._lengths, self._batch, self._shapes)
+        if base is sr.SignedLog:
+            return out[1, 1] * (out[1, 0] - out[0, 0]).exp()
+        return out[1] / out[0]
 
     def _marginals_exact(self) -> Tensor:
         if self._theta.requires_grad:
