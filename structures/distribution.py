@@ -62,7 +62,11 @@ def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
 class StructuredDistribution:
     """Base class. A subclass sets ``program`` (a :class:`semiring.Program` with one input) and
     ``shape`` (the potentials' shape, e.g. ``"B, N-1, C, C"``), and may override ``decode``,
-    ``to_parts`` (from the decoded form) and ``__init__`` for its own constructors."""
+    ``to_parts`` (from the decoded form) and ``__init__`` for its own constructors.
+
+    A structure that is not a dynamic program sets no ``program``; it overrides ``run`` (one
+    algorithm per semiring: its value must have the right gradient, e.g. ``⟨θ, best tree⟩`` for
+    Max), ``_check_lengths``, ``max_length`` and ``enumerate_support``."""
 
     program: ClassVar[Program]
     shape: ClassVar[str]
@@ -73,9 +77,19 @@ class StructuredDistribution:
         self.dtype = log_potentials.dtype
         low = log_potentials.dtype in (torch.float16, torch.bfloat16)
         self._theta = log_potentials.float() if low else log_potentials
+        self._batch = log_potentials.shape[0]
+        self._lengths = self._check_lengths(lengths)
+
+    def _check_lengths(self, lengths: Tensor | None) -> Tensor | None:
+        """Validate ``lengths`` (``ValueError`` naming it); ``None`` means every example is full length."""
         self._input = self.program.inputs[0]
-        self._batch, self._shapes = self.program.shapes({self._input: self._theta})
-        self._lengths = self.program.check_lengths(lengths, self._batch, self._shapes)
+        _, self._shapes = self.program.shapes({self._input: self._theta})
+        return self.program.check_lengths(lengths, self._batch, self._shapes)
+
+    @property
+    def max_length(self) -> int:
+        """The length of a full example (the default of ``lengths``)."""
+        return int(self.program.lengths_allowed(self._shapes).max())
 
     # ------------------------------------------------------------------ plumbing
 
@@ -88,7 +102,7 @@ class StructuredDistribution:
         """``[B]``: each example's length (the default is the longest the potentials allow)."""
         if self._lengths is not None:
             return self._lengths
-        return torch.full((self._batch,), int(self.program.lengths_allowed(self._shapes).max()), dtype=torch.long)
+        return torch.full((self._batch,), self.max_length, dtype=torch.long, device=self._theta.device)
 
     @property
     def _part_dims(self) -> int:
