@@ -431,7 +431,7 @@ class Derivations(Semiring):
         size = x[0].numel()
         ids = torch.arange(size, device=x.device).reshape(x.shape[1:]) + sum(self.part_sizes[: self._next])
         self._next += 1
-        onehot = torch.nn.functional.one_hot(ids, self.num_parts).to(torch.float32)  # [*rest, P]
+        onehot = (ids.unsqueeze(-1) == torch.arange(self.num_parts, device=x.device)).to(torch.float32)  # [*rest, P]
         slot = torch.cat([torch.ones(*onehot.shape[:-1], 1), onehot], -1).movedim(-1, 0)  # [1+P, *rest]
         slot = slot.unsqueeze(1).expand(-1, x.shape[0], *x.shape[1:])  # [1+P, B, *rest]
         elem = torch.zeros(self.capacity, *slot.shape, device=x.device)

@@ -123,8 +123,15 @@ class StructuredDistribution:
         """(value, ∂ value / ∂θ) of the program in ``semiring``, θ detached."""
         x = (self._theta if theta is None else theta).detach().requires_grad_()
         value = self.run(semiring, x, lengths)
-        (g,) = torch.autograd.grad(value.sum(), x)
-        return value.detach(), g
+        return value.detach(), self._derivative(value, x)
+
+    def _derivative(self, value: Tensor, x: Tensor, **grad_options) -> Tensor:
+        """∂ Σ value / ∂x per example: 0 for an example with no structure left (a value of -inf,
+        whatever path the program took to it) and everywhere when no part exists (nothing to read)."""
+        if not value.requires_grad:
+            return torch.zeros_like(x)
+        (g,) = torch.autograd.grad(value.sum(), x, **grad_options)
+        return g * torch.isfinite(value).reshape(-1, *[1] * self._part_dims)
 
     # ------------------------------------------------------------------ queries
 
@@ -140,12 +147,7 @@ class StructuredDistribution:
     @cached_property
     def marginals(self) -> Tensor:
         """``[B, *parts]``: p(part in z). Differentiable w.r.t. the potentials (second order works)."""
-        if self._theta.requires_grad:
-            z = self.run(sr.Log)
-            (m,) = torch.autograd.grad(z.sum(), self._theta, create_graph=True)
-        else:
-            _, m = self._grad(sr.Log)
-        return self._out(m)
+        return self._out(self._marginals_exact())
 
     @cached_property
     def max(self) -> Tensor:
@@ -155,8 +157,7 @@ class StructuredDistribution:
     @cached_property
     def argmax(self) -> Tensor:
         """``[B, *parts]``: the one-hot parts of a best structure (0 where no structure remains)."""
-        best, g = self._grad(sr.Max)
-        return self._out(g * torch.isfinite(best).reshape(-1, *[1] * self._part_dims))
+        return self._out(self._grad(sr.Max)[1])
 
     def topk(self, k: int) -> Tensor:
         """``[k, B, *parts]``: the k best structures, best first (slots past the count are 0)."""
@@ -164,8 +165,7 @@ class StructuredDistribution:
         scores = self.run(sr.KMax(k), x)
         rows = []
         for j in range(k):
-            (g,) = torch.autograd.grad(scores[j].sum(), x, retain_graph=j + 1 < k)
-            rows.append(g * torch.isfinite(scores[j]).reshape(-1, *[1] * self._part_dims))
+            rows.append(self._derivative(scores[j], x, retain_graph=j + 1 < k))
         return self._out(torch.stack(rows))
 
     def topk_scores(self, k: int) -> Tensor:
@@ -179,8 +179,7 @@ class StructuredDistribution:
         theta = self._theta.detach()
         many = theta.unsqueeze(0).expand(n, *theta.shape).reshape(n * self._batch, *theta.shape[1:])
         lengths = None if self._lengths is None else self._lengths.repeat(n)
-        z, g = self._grad(sr.Sampled, many, lengths)
-        g = g * torch.isfinite(z).reshape(-1, *[1] * self._part_dims)
+        _, g = self._grad(sr.Sampled, many, lengths)
         return self._out(g.reshape(*shape, *theta.shape))
 
     def to_parts(self, value: Tensor) -> Tensor:
@@ -195,24 +194,33 @@ class StructuredDistribution:
         return _inner(self._theta, parts.to(self._theta.dtype), self._part_dims)
 
     def log_prob(self, value: Tensor) -> Tensor:
-        """``[..., B]``: log p(z) for structures ``z`` (one-hot parts, or the decoded form)."""
-        return self._out(self.score(value) - self.run(sr.Log))
+        """``[..., B]``: log p(z) for structures ``z`` (one-hot parts, or the decoded form); -inf for a
+        structure of score -inf."""
+        score = self.score(value)
+        return self._out((score - self.run(sr.Log)).masked_fill(torch.isneginf(score), -math.inf))
 
     @cached_property
     def entropy(self) -> Tensor:
-        """``[B]``: H(p) = log Z − ⟨θ, μ⟩."""
-        return self._out(self.run(sr.Log) - _inner(self._theta, self._marginals_exact(), self._part_dims))
+        """``[B]``: H(p) = log Z − ⟨θ, μ⟩ (0 where no structure remains: p and μ are 0)."""
+        return self._out(self._cross_entropy(self, self._marginals_exact()))
 
     def cross_entropy(self, q: "StructuredDistribution") -> Tensor:
         """``[B]``: −E_p[log q(z)] = log Z_q − ⟨θ_q, μ_p⟩ (``+inf`` where p puts mass q forbids)."""
         self._check_same(q)
-        return self._out(q.run(sr.Log) - _inner(q._theta, self._marginals_exact(), self._part_dims))
+        return self._out(self._cross_entropy(q, self._marginals_exact()))
 
     def kl(self, q: "StructuredDistribution") -> Tensor:
         """``[B]``: KL(p‖q) = log Z_q − log Z_p + ⟨θ_p − θ_q, μ_p⟩."""
+        self._check_same(q)
         mu = self._marginals_exact()
-        d = self.run(sr.Log) - _inner(self._theta, mu, self._part_dims)
-        return self._out(q.run(sr.Log) - _inner(q._theta, mu, self._part_dims) - d)
+        return self._out(self._cross_entropy(q, mu) - self._cross_entropy(self, mu))
+
+    def _cross_entropy(self, q: "StructuredDistribution", mu: Tensor) -> Tensor:
+        """log Z_q − ⟨θ_q, μ⟩ for the marginals μ of this distribution: ``+inf`` where μ is on a part q
+        forbids, 0 where this distribution has no structure (never -inf − (-inf))."""
+        inner = _inner(q._theta, mu, self._part_dims)
+        out = (q.run(sr.Log) - inner).masked_fill(torch.isneginf(inner), math.inf)
+        return out.masked_fill(torch.isneginf(self.run(sr.Log)), 0.0)
 
     def expected_score(self, v: Tensor, base: sr.Semiring = sr.SignedLog) -> Tensor:
         """``[B]``: E_p[⟨v, z⟩] for values ``v [B, *parts]`` of any sign, by the expectation semiring
@@ -239,9 +247,7 @@ class StructuredDistribution:
 
     def _marginals_exact(self) -> Tensor:
         if self._theta.requires_grad:
-            z = self.run(sr.Log)
-            (m,) = torch.autograd.grad(z.sum(), self._theta, create_graph=True)
-            return m
+            return self._derivative(self.run(sr.Log), self._theta, create_graph=True)
         return self._grad(sr.Log)[1]
 
     def _check_same(self, q: "StructuredDistribution") -> None:
@@ -270,7 +276,9 @@ class StructuredDistribution:
         size = max(1, int(valid.sum(0).max()))
         order = order[:size]
         values = values.gather(0, order.reshape(size, -1, *[1] * self._part_dims).expand(size, *values.shape[1:]))
-        return self._out(values.to(self._theta.dtype)), valid.gather(0, order)
+        valid = valid.gather(0, order)
+        values = values * valid.reshape(*valid.shape, *[1] * self._part_dims)
+        return self._out(values.to(self._theta.dtype)), valid
 
     def decode(self) -> Tensor:
         """The best structure in the structure's own terms (tags, heads, fact ids)."""
