@@ -11,7 +11,7 @@ from torch import Tensor
 from ..semirings import Log, Semiring
 from .factor import factor
 from .grounding import ground
-from .schedule import Read, Schedule, schedule
+from .schedule import Level, Read, Schedule, Step, schedule
 from .syntax import GOAL, LENGTH, Affine, ProgramError, Rule, Term, parse
 
 
@@ -113,60 +113,48 @@ class Program:
     def run(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes) -> Tensor:
         """Run on already converted elements ``[*components, B, *shape]`` (differentiate through these)."""
         sch = self.compiled(shapes)
-        like = next(iter(elements.values())) if elements else torch.zeros(0)
-        lead = semiring.extra
-        chunks: dict[tuple[str, int], Tensor] = {}
-        for name, (order, sizes) in sch.chunks.items():
-            x = elements[name]
-            flat = x.reshape(*x.shape[: lead + 1], -1)
+        job = _Job(self, semiring, sch, lengths, batch, list(elements))
+        if sch.gathers_levels:  # reads spanning many levels: the tape's in-place gradients pay off
+            return _Tape.apply(job, *elements.values())
+        return job.forward_plain(list(elements.values()))  # every read a view of one level: plain autograd is cheapest
+
+
+class _Job:
+    """One run of a schedule in a semiring: forward level by level, and its two backward passes."""
+
+    def __init__(self, program: Program, semiring: Semiring, sch: Schedule, lengths, batch: int, names: list[str]):
+        self.program, self.semiring, self.sch = program, semiring, sch
+        self.lengths, self.batch, self.names = lengths, batch, names
+        self.lead = semiring.extra
+
+    def chunks(self, elements: list[Tensor]) -> dict[tuple[str, int], Tensor]:
+        """Every input split once into its per-level chunks ``[*, B, size]``."""
+        out = {}
+        for name, x in zip(self.names, elements):
+            order, sizes = self.sch.chunks[name]
+            flat = x.reshape(*x.shape[: self.lead + 1], -1)
             if order is not None:
                 flat = flat.index_select(-1, order.to(flat.device))
             for lev, part in enumerate(torch.split(flat, sizes, dim=-1)):
-                chunks[(name, lev)] = part
-        store: dict[tuple[str, int], Tensor] = {}
-        for lev, level in enumerate(sch.levels):
-            concat: dict[tuple[str, tuple[int, ...]], Tensor] = {}
-            results = []
-            for step in level.steps:
-                results.append(self._step(semiring, step, lev, store, chunks, concat, like, batch))
-            for chart, asm in level.charts.items():
-                if asm.index is None:
-                    store[(chart, lev)] = results[asm.steps[0]]
-                    continue
-                parts = torch.cat([results[i] for i in asm.steps], dim=-1)
-                M, J = asm.index.shape
-                vals = parts.index_select(-1, asm.index.reshape(-1).to(parts.device)).reshape(*parts.shape[:-1], M, J)
-                if asm.mask is not None:
-                    vals = torch.where(asm.mask.to(vals.device), vals, semiring.zero(vals.shape[lead:], vals))
-                store[(chart, lev)] = semiring.sum(vals, -1) if J > 1 else vals.squeeze(-1)
-        goal = store.get((GOAL, sch.goal_level))
-        if goal is None:
-            raise ValueError("these shapes admit no structure (the goal is never defined)")
-        if lengths is None:
-            return goal[..., -1]
-        where = torch.from_numpy(np.searchsorted(sch.lengths, lengths.cpu().numpy())).to(goal.device)
-        index = where.reshape(*([1] * lead), -1, 1).expand(*goal.shape[:-1], 1)
-        return goal.gather(-1, index).squeeze(-1)
+                out[(name, lev)] = part
+        return out
 
-    def _step(self, semiring, step, lev, store, chunks, concat, like, batch) -> Tensor:
-        lead = semiring.extra
-        vals = []
-        for rd in step.reads:
-            if rd.kind == "one":
-                continue
-            if rd.kind == "input":
-                src = chunks[(rd.source, lev)]
-            elif len(rd.levels) == 1:
-                src = store[(rd.source, rd.levels[0])]
-            else:
-                key = (rd.source, rd.levels)
-                if key not in concat:
-                    concat[key] = torch.cat([store[(rd.source, sl)] for sl in rd.levels], dim=-1)
-                src = concat[key]
-            vals.append(_read(src, rd, step.L, step.K))
-        L, K = step.L, step.K
+    def select_goal(self, goal: Tensor) -> Tensor:
+        """``[*, B, lengths]`` -> ``[*, B]``: each example's goal at its own length."""
+        if self.lengths is None:
+            return goal[..., -1]
+        return goal.gather(-1, self.goal_index(goal)).squeeze(-1)
+
+    def goal_index(self, goal: Tensor) -> Tensor:
+        where = torch.from_numpy(np.searchsorted(self.sch.lengths, self.lengths.cpu().numpy())).to(goal.device)
+        return where.reshape(*([1] * self.lead), -1, 1).expand(*goal.shape[:-1], 1)
+
+    def step(self, step: Step, read, like: Tensor) -> Tensor:
+        """One rule at one level: read every term as ``[*, B, L, K]``, ⊗ them, ⊕ over K -> ``[*, B, L]``."""
+        semiring, L, K = self.semiring, step.L, step.K
+        vals = [read(rd) for rd in step.reads if rd.kind != "one"]
         if not vals:
-            p = semiring.one((batch, L, K), like)
+            p = semiring.one((self.batch, L, K), like)
         elif step.mask is None and len(vals) <= 2 and K > 1:
             if len(vals) == 1:
                 out = semiring.sum(vals[0].expand(*vals[0].shape[:-2], L, K), -1)
@@ -182,14 +170,176 @@ class Program:
                 p = semiring.times(p, v)
         p = p.expand(*p.shape[:-2], L, K)
         if step.mask is not None:
-            p = torch.where(step.mask.to(p.device), p, semiring.zero(p.shape[lead:], p))
-        if K == 1:
-            return p.squeeze(-1)
-        return semiring.sum(p, -1)
+            p = torch.where(step.mask.to(p.device), p, semiring.zero(p.shape[self.lead:], p))
+        return p.squeeze(-1) if K == 1 else semiring.sum(p, -1)
+
+    def assemble(self, level: Level, results: list[Tensor]) -> dict[str, Tensor]:
+        """The items of every chart at one level, ⊕-combined from the steps that write them."""
+        out = {}
+        for chart, asm in level.charts.items():
+            if asm.index is None:
+                out[chart] = results[asm.steps[0]]
+                continue
+            parts = torch.cat([results[i] for i in asm.steps], dim=-1)
+            M, J = asm.index.shape
+            vals = parts.index_select(-1, asm.index.reshape(-1).to(parts.device)).reshape(*parts.shape[:-1], M, J)
+            if asm.mask is not None:
+                vals = torch.where(asm.mask.to(vals.device), vals, self.semiring.zero(vals.shape[self.lead:], vals))
+            out[chart] = self.semiring.sum(vals, -1) if J > 1 else vals.squeeze(-1)
+        return out
+
+    # ---------------------------------------------------------------- differentiable (plain autograd)
+
+    def forward_plain(self, elements: list[Tensor]) -> Tensor:
+        """Every level a tensor of its own, every read a view or gather of them: plain autograd,
+        so any order of derivative works (used when the backward pass must itself be differentiable)."""
+        chunks = self.chunks(elements)
+        like = elements[0] if elements else torch.zeros(0)
+        store: dict[tuple[str, int], Tensor] = {}
+        for lev, level in enumerate(self.sch.levels):
+            concat: dict[tuple[str, tuple[int, ...]], Tensor] = {}
+
+            def read(rd: Read) -> Tensor:
+                if rd.kind == "input":
+                    src = chunks[(rd.source, lev)]
+                elif len(rd.levels) == 1:
+                    src = store[(rd.source, rd.levels[0])]
+                else:
+                    key = (rd.source, rd.levels)
+                    if key not in concat:
+                        concat[key] = torch.cat([store[(rd.source, sl)] for sl in rd.levels], dim=-1)
+                    src = concat[key]
+                return _read(src, rd)
+
+            results = [self.step(st, read, like) for st in level.steps]
+            for chart, value in self.assemble(level, results).items():
+                store[(chart, lev)] = value
+        return self.select_goal(store[(GOAL, self.sch.goal_level)])
+
+    # ---------------------------------------------------------------- fast first-order (tape)
+
+    def forward_tape(self, elements: list[Tensor]):
+        """Forward with a local autograd graph per level whose leaves are the values it reads.
+
+        Chart values live in one flat buffer per chart; a read over many levels is one gather from
+        it. The backward pass (``backward_tape``) walks the levels in reverse and adds each level's
+        gradients into gradient buffers in place, so no step ever allocates a chart-sized gradient.
+        """
+        chunks = self.chunks(elements)
+        like = elements[0] if elements else torch.zeros(0)
+        buffers: dict[str, Tensor] = {}
+        store: dict[tuple[str, int], Tensor] = {}
+        tape = []
+        for lev, level in enumerate(self.sch.levels):
+            leaves: list[tuple[str, object, Tensor]] = []
+            cache: dict[object, Tensor] = {}
+
+            def leaf(kind: str, key, value: Tensor) -> Tensor:
+                if (kind, key) not in cache:
+                    t = value.detach().requires_grad_()
+                    leaves.append((kind, key, t))
+                    cache[(kind, key)] = t
+                return cache[(kind, key)]
+
+            def read(rd: Read) -> Tensor:
+                if rd.kind == "input":
+                    return _read(leaf("input", (rd.source, lev), chunks[(rd.source, lev)]), rd)
+                if len(rd.levels) == 1:  # the level's own tensor: the buffer's version changes with every write
+                    return _read(leaf("slice", (rd.source, rd.levels[0]), store[(rd.source, rd.levels[0])]), rd)
+                src = buffers[rd.source].index_select(-1, rd.buffer_index.to(like.device))
+                vals = leaf("gather", (rd.source, id(rd)), src)
+                cache[("index", (rd.source, id(rd)))] = rd.buffer_index
+                return _gathered(vals, rd)
+
+            with torch.enable_grad():
+                results = [self.step(st, read, like) for st in level.steps]
+                outs = self.assemble(level, results)
+            for chart, value in outs.items():
+                if chart not in buffers:
+                    buffers[chart] = value.new_empty(*value.shape[:-1], self.sch.sizes[chart])
+                start, size = self.sch.offsets[(chart, lev)]
+                store[(chart, lev)] = value.detach()
+                buffers[chart].narrow(-1, start, size).copy_(store[(chart, lev)])
+            index = {key: cache[("index", key)] for kind, key, _ in leaves if kind == "gather"}
+            tape.append((leaves, outs, index))
+        start, size = self.sch.offsets[(GOAL, self.sch.goal_level)]
+        goal = self.select_goal(buffers[GOAL].narrow(-1, start, size))
+        return goal, (tape, buffers, [e.new_zeros(()).expand(e.shape) for e in elements])
+
+    def backward_tape(self, state, grad: Tensor) -> list[Tensor]:
+        tape, buffers, zeros = state
+        grads = {chart: torch.zeros_like(buf) for chart, buf in buffers.items()}
+        start, size = self.sch.offsets[(GOAL, self.sch.goal_level)]
+        goal_grad = grads[GOAL].narrow(-1, start, size)
+        if self.lengths is None:
+            goal_grad[..., -1] += grad
+        else:
+            goal_grad.scatter_add_(-1, self.goal_index(goal_grad), grad.unsqueeze(-1))
+        chunk_grads: dict[tuple[str, int], Tensor] = {}
+        for lev in range(len(tape) - 1, -1, -1):
+            leaves, outs, index = tape[lev]
+            live = [(c, v) for c, v in outs.items() if v.requires_grad]
+            if not live or not leaves:
+                continue
+            g_outs = [grads[c].narrow(-1, *self.sch.offsets[(c, lev)]) for c, _ in live]
+            g_leaves = torch.autograd.grad([v for _, v in live], [t for _, _, t in leaves], g_outs,
+                                           allow_unused=True, retain_graph=True)
+            for (kind, key, _), g in zip(leaves, g_leaves):
+                if g is None:
+                    continue
+                if kind == "input":
+                    chunk_grads[key] = g
+                elif kind == "slice":
+                    grads[key[0]].narrow(-1, *self.sch.offsets[key]).add_(g)
+                else:
+                    grads[key[0]].index_add_(-1, index[key].to(g.device), g)
+        out = []
+        for name, zero in zip(self.names, zeros):
+            shape = zero.shape
+            order, sizes = self.sch.chunks[name]
+            parts = [chunk_grads.get((name, lev)) for lev in range(len(sizes))]
+            ref = next((p for p in parts if p is not None), None)
+            if ref is None:  # the goal does not depend on this input
+                out.append(zero.contiguous())
+                continue
+            flat = torch.cat([p if p is not None else ref.new_zeros(*ref.shape[:-1], s) for p, s in zip(parts, sizes)], -1)
+            if order is not None:
+                full = flat.new_zeros(*flat.shape[:-1], int(np.prod(shape[self.lead + 1:], dtype=np.int64)))
+                flat = full.index_add_(-1, order.to(flat.device), flat)
+            out.append(flat.reshape(shape))
+        return out
 
 
-def _read(src: Tensor, rd: Read, L: int, K: int) -> Tensor:
+class _Tape(torch.autograd.Function):
+    """A program run as one autograd node: a fast first-order backward over the level tape, and
+    for higher orders (``create_graph=True``) a plain differentiable re-run."""
+
+    @staticmethod
+    def forward(ctx, job: _Job, *elements: Tensor) -> Tensor:
+        ctx.job = job
+        ctx.save_for_backward(*elements)
+        out, ctx.state = job.forward_tape([e.detach() for e in elements])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        elements = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            wanted = [e for e in elements if e.requires_grad]
+            out = ctx.job.forward_plain(list(elements))
+            found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
+            return (None, *[next(found) if e.requires_grad else None for e in elements])
+        return (None, *ctx.job.backward_tape(ctx.state, grad))
+
+
+def _gathered(vals: Tensor, rd: Read) -> Tensor:
+    """Values gathered in instance order, ``[*, L*K]`` -> ``[*, L, K]``."""
+    return vals.reshape(*vals.shape[:-1], rd.L, rd.K)
+
+
+def _read(src: Tensor, rd: Read) -> Tensor:
     """Read a term as ``[*, L, K]`` (or broadcastable to it) from a source ``[*, M]``."""
+    L, K = rd.L, rd.K
     if rd.pattern == "reshape":
         return src.reshape(*src.shape[:-1], L, K)
     if rd.pattern == "transpose":

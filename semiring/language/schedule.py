@@ -25,7 +25,10 @@ class Read:
     levels: tuple[int, ...] = ()  # chart: the source levels, concatenated in this order
     pattern: str = "gather"  # reshape | transpose | row | col | gather
     offset: int = 0
-    index: torch.Tensor | None = None  # gather: flat positions, L*K of them
+    index: torch.Tensor | None = None  # gather: flat positions, L*K of them (into the concatenated levels)
+    buffer_index: torch.Tensor | None = None  # chart reads over several levels: positions in the chart's buffer
+    L: int = 0  # the step's table: L head items, K instances each
+    K: int = 0
 
 
 @dataclass
@@ -59,6 +62,13 @@ class Schedule:
     chunks: dict[str, tuple[torch.Tensor | None, list[int]]]  # input -> (order or None, size per level)
     goal_level: int
     lengths: np.ndarray
+    offsets: dict[tuple[str, int], tuple[int, int]]  # (chart, level) -> (start, size) in the chart's buffer
+    sizes: dict[str, int]  # chart -> buffer size (all its levels, in order)
+
+    @property
+    def gathers_levels(self) -> bool:
+        """Whether some read spans several levels (span programs do; chain programs do not)."""
+        return any(len(rd.levels) > 1 for lev in self.levels for st in lev.steps for rd in st.reads)
 
 
 def _pattern(idx: np.ndarray, size: int) -> tuple[str, int]:
@@ -95,6 +105,14 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
     for s, e in zip(starts, np.r_[starts[1:], total]):
         block_size[(int(chart_id[order[s]]), int(level[order[s]]))] = int(e - s)
     names = list(gr.offsets)
+    offsets: dict[tuple[str, int], tuple[int, int]] = {}
+    chart_sizes: dict[str, int] = {}
+    for (cid, lev), size in sorted(block_size.items()):
+        if lev < 0:
+            continue
+        name = names[cid]
+        offsets[(name, lev)] = (chart_sizes.get(name, 0), size)
+        chart_sizes[name] = chart_sizes.get(name, 0) + size
 
     # group instances: (rule, level) -> table
     tables: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -145,7 +163,7 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
         reads = []
         for t, rd in zip(g.rule.terms, g.reads):
             if rd is None:
-                reads.append(Read("one"))
+                reads.append(Read("one", L=L, K=K))
                 continue
             vals = rd[safe]
             if t.name in gr.input_shapes:
@@ -163,7 +181,11 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
                 size = acc
             pattern, off = _pattern(idx, size) if real.all() else ("gather", 0)
             index = torch.from_numpy(idx.ravel().copy()) if pattern == "gather" else None
-            reads.append(Read("chart" if t.name not in gr.input_shapes else "input", t.name, src_levels, pattern, off, index))
+            buffer_index = None
+            if len(src_levels) > 1:
+                start = np.vectorize(lambda sl: offsets[(t.name, sl)][0], otypes=[np.int64])(level[vals])
+                buffer_index = torch.from_numpy((start + pos[vals]).ravel())
+            reads.append(Read("chart" if t.name not in gr.input_shapes else "input", t.name, src_levels, pattern, off, index, buffer_index, L, K))
         mask = None if real.all() else torch.from_numpy(real)
         step_id = len(levels[lev].steps)
         levels[lev].steps.append(Step(r, rule_charts[r], L, K, reads, mask))
@@ -187,4 +209,4 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
             index[q, : len(c)] = c
             mask[q, : len(c)] = True
         levels[lev].charts[chart] = Assembly([w[0] for w in ws], torch.from_numpy(index), None if mask.all() else torch.from_numpy(mask))
-    return Schedule(levels, chunks, top, gr.lengths)
+    return Schedule(levels, chunks, top, gr.lengths, offsets, chart_sizes)
