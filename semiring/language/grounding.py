@@ -35,10 +35,8 @@ class Space:
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
-    def flat(self, coords: list[np.ndarray]) -> np.ndarray:
-        if not coords:
-            return np.zeros(1, dtype=np.int64)
-        out = np.zeros_like(coords[0])
+    def flat(self, coords: list[np.ndarray], size: int) -> np.ndarray:
+        out = np.zeros(size, dtype=np.int64)
         for c, l, s in zip(coords, self.lo, self.shape):
             out = out * s + (c - l)
         return out
@@ -72,18 +70,19 @@ class Grounding:
 # ---------------------------------------------------------------- bounds
 
 
-def _bounds(rule: Rule, shapes, extents: dict[str, Space], labels) -> dict[str, tuple[float, float]]:
+def _bounds(rule: Rule, shapes, extents: dict[str, Space], labels, head: bool = True) -> dict[str, tuple[float, float]]:
     """Interval bounds of the rule's variables: by inputs, ranges and conditions first; by chart
     extents only where those leave a variable unbounded (so a chart's partial extent, while it is
     still being found, never clips a rule that its inputs bound)."""
     box = _propagate(rule, _constraints(rule, shapes, {}, labels))
     if all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in box.values()):
         return box
-    return _propagate(rule, _constraints(rule, shapes, extents, labels))
+    return _propagate(rule, _constraints(rule, shapes, extents, labels, head))
 
 
-def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels):
-    """Linear constraints ``lo <= expr <= hi`` on the rule's variables."""
+def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels, head: bool = True):
+    """Linear constraints ``lo <= expr <= hi`` on the rule's variables (the head's chart extent among
+    them unless ``head`` is false)."""
     cons: list[tuple[Affine, float, float]] = []
 
     def index_in(t: Term, bounds: list[tuple[int, int]] | None):
@@ -101,7 +100,7 @@ def _constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[s
             index_in(t, None if sp is None else list(zip(sp.lo, sp.hi)))
         else:
             index_in(t, [(0, s - 1) for s in shapes[t.name]])
-    sp = extents.get(rule.head.name)
+    sp = extents.get(rule.head.name) if head else None
     index_in(rule.head, None if sp is None else list(zip(sp.lo, sp.hi)))
     for t in (rule.head, *rule.terms):  # dimensions of named constants hold just those
         for d, ix in enumerate(t.indices):
@@ -185,9 +184,12 @@ def _extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spa
                 if all(math.isfinite(l) for l, _ in h)}
 
     for sweep in range(len(rules) + 3):
-        changed, grown = False, None
+        changed, grown = False, []
         for rule in rules:
-            box = _bounds(rule, shapes, boxes(), labels)
+            # What a rule with a body writes is bounded by what it reads, not by the extent found so
+            # far for its head: ``x[i+1] += x[i]`` grows ``x`` (and is reported), it is not clipped.
+            reads = any(not t.is_one for t in rule.terms)
+            box = _bounds(rule, shapes, boxes(), labels, head=not reads)
             for t in (rule.head, *rule.terms):
                 if t.is_one or t.name in shapes:
                     continue
@@ -199,13 +201,15 @@ def _extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spa
                     lo, hi = _index_hull(ix, box, syntax)
                     if lo < h[d][0] or hi > h[d][1]:
                         h[d] = [min(lo, h[d][0]), max(hi, h[d][1])]
-                        changed, grown = True, rule
+                        changed = True
+                        grown.append(rule)
         if not changed:
             out = boxes()
             for c, h in hulls.items():
                 out.setdefault(c, Space([0] * len(h), [-1] * len(h)))
             return out
-    raise grown.error("cannot bound the index arithmetic of this rule: its chart grows without limit")
+    feeds_itself = [r for r in grown if any(t.name == r.head.name for t in r.terms)]
+    raise (feeds_itself or grown)[0].error("cannot bound the index arithmetic of this rule: its chart grows without limit")
 
 
 # ---------------------------------------------------------------- instantiation
@@ -256,7 +260,7 @@ def ground(rules: list[Rule], syntax: Syntax, shapes: dict[str, tuple[int, ...]]
 
     def item_ids(t: Term, values, size):
         sp = extents[t.name]
-        return offsets[t.name] + sp.flat([_eval(ix, values, size, syntax) for ix in t.indices])
+        return offsets[t.name] + sp.flat([_eval(ix, values, size, syntax) for ix in t.indices], size)
 
     def in_box(t: Term, values, size):
         sp = extents[t.name]
@@ -349,8 +353,18 @@ def _levels(grounds: list[Ground], extents, total: int, defined: np.ndarray) -> 
         depth += 1
     stuck = defined & (level < 0)
     if stuck.any():
-        item = int(np.flatnonzero(stuck)[0])
+        # Items downstream of a cycle are stuck too; peel off those that feed no stuck item, so
+        # what is left lies on a cycle, and report a rule that defines one of them from another.
+        on_cycle = stuck.copy()
+        while True:
+            live = on_cycle[src_a] & on_cycle[dst_a]
+            feeds = np.zeros(total, dtype=bool)
+            feeds[src_a[live]] = True
+            if not (on_cycle & ~feeds).any():
+                break
+            on_cycle &= feeds
         for g in grounds:
-            if (g.head == item).any():
-                raise g.rule.error("an item depends on itself (a cycle among the rules)")
+            for t, r in zip(g.rule.terms, g.reads):
+                if r is not None and t.name in extents and (on_cycle[g.head] & on_cycle[r]).any():
+                    raise g.rule.error("an item depends on itself (a cycle among the rules)")
     return level

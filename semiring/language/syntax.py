@@ -152,7 +152,8 @@ class Rule:
         return vs
 
     def error(self, message: str, col: int = 0) -> ProgramError:
-        return ProgramError(message, self.line, col, self.text)
+        """An error in this rule, at column ``col`` (default: the rule's head)."""
+        return ProgramError(message, self.line, col or self.head.col, self.text)
 
     def __str__(self):
         body = " * ".join(map(str, self.terms))
