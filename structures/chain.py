@@ -100,5 +100,10 @@ class LinearChainCRF(StructuredDistribution):
     def tag_marginals(self) -> Tensor:
         """``[B, N, C]``: p(tag at position i is c) (0 past each length)."""
         m = self.marginals
-        tags = torch.cat([m[:, :1].sum(-1), m.sum(-2)], 1)
-        return tags[:, 1:] if self._bos else tags
+        first = m[:, :1].sum(-1) if m.shape[1] else m.new_zeros(m.shape[0], 1, m.shape[-1])
+        tags = torch.cat([first, m.sum(-2)], 1)
+        if self._bos:
+            return tags[:, 1:]
+        # a length-1 example has no edge to read its tag from: its C tags are equally likely
+        alone = (self.lengths.to(m.device) == 1).to(m.dtype) / m.shape[-1]
+        return torch.cat([tags[:, :1] + alone[:, None, None], tags[:, 1:]], 1)
