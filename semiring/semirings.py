@@ -107,6 +107,26 @@ class _LogDot(torch.autograd.Function):
         return _reduce_to(w, a.shape), _reduce_to(w, b.shape), None
 
 
+def _log_matvec(a: Tensor, b: Tensor) -> Tensor:
+    """``logsumexp(a + b, -1)`` for ``a [*, B, 1, K]`` (one row, broadcast over L) and a matrix
+    ``b [*, 1, L, K]`` shared by the batch (a transition matrix), as a matrix product in linear
+    space: ``log(exp(b - m_b) @ exp(a - m_a)) + m_a + m_b`` — one exp per entry of ``b``, not one
+    per entry and example.
+
+    Every term is a product of numbers in [0, 1] and nothing is subtracted, so the result is exact to
+    rounding unless a whole row underflows (``r < tiny``): then the step is summed in log space. The
+    shifts are constants (detached): the value does not depend on them. Plain differentiable ops,
+    so gradients of every order follow.
+    """
+    low = torch.finfo(a.dtype).min  # a row of -inf stays -inf after the shift: exp 0, r = 0, exact path
+    ma = a.detach().amax(-1, keepdim=True).clamp_min(low)
+    mb = b.detach().amax(-1, keepdim=True).clamp_min(low)
+    r = torch.matmul((b - mb).exp(), (a - ma).exp().transpose(-1, -2)).squeeze(-1)
+    if bool((r < torch.finfo(r.dtype).tiny ** 0.8).any()):
+        return _LogSumExp.apply(a + b, -1)
+    return r.log() + (ma.squeeze(-1) + mb.squeeze(-1))
+
+
 def _reduce_to(t: Tensor, shape: torch.Size) -> Tensor:
     """Sum ``t`` over the dimensions along which a tensor of ``shape`` was broadcast."""
     if t.shape == shape:
@@ -137,6 +157,11 @@ class LogSemiring(Semiring):
         return _LogSumExp.apply(x, dim)
 
     def dot(self, a, b, dim):
+        if dim == -1 and a.dim() >= 3 and b.dim() >= 3:  # [*, B, L, K]: a row shared by L, a matrix shared by B
+            if a.shape[-2] == 1 and b.shape[-2] > 1 and b.shape[-3] == 1 < a.shape[-3]:
+                return _log_matvec(a, b)
+            if b.shape[-2] == 1 and a.shape[-2] > 1 and a.shape[-3] == 1 < b.shape[-3]:
+                return _log_matvec(b, a)
         return _LogDot.apply(a, b, dim)
 
 

@@ -20,7 +20,7 @@ class Program:
 
     ``program(semiring=Log, lengths=None, **inputs)`` takes every input as a batch-first tensor of
     log-potentials ``[B, *shape]`` (``shape`` with as many entries as the input has indices in the
-    rules) and returns the goal, one value per example: ``[*components, B]``. ``lengths[b]`` is the
+    rules; a batch of 1 is shared by every example) and returns the goal, one value per example: ``[*components, B]``. ``lengths[b]`` is the
     ``n`` the goal of example b is read at; the default is the largest ``n`` the shapes allow.
     """
 
@@ -57,10 +57,10 @@ class Program:
                 raise ProgramError(
                     f"input {name!r} has {rank} indices here, so it needs shape [B, {', '.join('?' * rank)}] "
                     f"(batch first), got {tuple(x.shape)}", first.line, first.col, self._line(first.line))
-            if batch is None:
-                batch = x.shape[0]
-            elif x.shape[0] != batch:
-                raise ValueError(f"{name}: batch size {x.shape[0]} differs from the other inputs' {batch}")
+            if batch is None or batch == 1:
+                batch = x.shape[0] if batch is None or x.shape[0] != 1 else batch
+            elif x.shape[0] not in (1, batch):
+                raise ValueError(f"{name}: batch size {x.shape[0]} differs from the other inputs' {batch} (1 broadcasts)")
             shapes[name] = tuple(x.shape[1:])
         return (batch or 0), shapes
 
@@ -133,6 +133,9 @@ class _Job:
         for name, x in zip(self.names, elements):
             order, sizes = self.sch.chunks[name]
             flat = x.reshape(*x.shape[: self.lead + 1], -1)
+            if sizes is None:  # read alike at every level: never split
+                out.update({(name, lev): flat for lev in range(len(self.sch.levels))})
+                continue
             if order is not None:
                 flat = flat.index_select(-1, order.to(flat.device))
             for lev, part in enumerate(torch.split(flat, sizes, dim=-1)):
@@ -152,7 +155,16 @@ class _Job:
     def step(self, step: Step, read, like: Tensor) -> Tensor:
         """One rule at one level: read every term as ``[*, B, L, K]``, ⊗ them, ⊕ over K -> ``[*, B, L]``."""
         semiring, L, K = self.semiring, step.L, step.K
-        vals = [read(rd) for rd in step.reads if rd.kind != "one"]
+        inner = step.reads[: len(step.reads) - step.outer]
+        value = self._sum(step, [read(rd) for rd in inner if rd.kind != "one"], like)
+        for rd in step.reads[len(inner):]:
+            if rd.kind != "one":
+                value = semiring.times(value, read(rd).squeeze(-1))
+        return value.expand(*value.shape[:-2], self.batch, L) if value.shape[-2:] != (self.batch, L) else value
+
+    def _sum(self, step: Step, vals: list[Tensor], like: Tensor) -> Tensor:
+        """⊕ over K of the ⊗ of ``vals`` (each ``[*, B, L, K]`` or broadcastable): ``[*, B, L]``."""
+        semiring, L, K = self.semiring, step.L, step.K
         if not vals:
             p = semiring.one((self.batch, L, K), like)
         elif step.mask is None and len(vals) <= 2 and K > 1:
@@ -297,6 +309,10 @@ class _Job:
         for name, zero in zip(self.names, zeros):
             shape = zero.shape
             order, sizes = self.sch.chunks[name]
+            if sizes is None:
+                grads_ = [g for (n_, _), g in chunk_grads.items() if n_ == name]
+                out.append(torch.stack(grads_).sum(0).reshape(shape) if grads_ else zero.contiguous())
+                continue
             parts = [chunk_grads.get((name, lev)) for lev in range(len(sizes))]
             ref = next((p for p in parts if p is not None), None)
             if ref is None:  # the goal does not depend on this input

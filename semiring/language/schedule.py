@@ -39,6 +39,7 @@ class Step:
     K: int
     reads: list[Read]
     mask: torch.Tensor | None  # [L, K] bool, where instances are real (None: all are)
+    outer: int = 0  # the last ``outer`` reads are [L, 1]: ⊗-multiplied after the ⊕ over K
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Level:
 @dataclass
 class Schedule:
     levels: list[Level]
-    chunks: dict[str, tuple[torch.Tensor | None, list[int]]]  # input -> (order or None, size per level)
+    chunks: dict[str, tuple[torch.Tensor | None, list[int] | None]]  # input -> (order or None, size per level; None: not split)
     goal_level: int
     lengths: np.ndarray
     offsets: dict[tuple[str, int], tuple[int, int]]  # (chart, level) -> (start, size) in the chart's buffer
@@ -67,8 +68,9 @@ class Schedule:
 
     @property
     def gathers_levels(self) -> bool:
-        """Whether some read spans several levels (span programs do; chain programs do not)."""
-        return any(len(rd.levels) > 1 for lev in self.levels for st in lev.steps for rd in st.reads)
+        """Whether some read before the goal spans several levels (span programs do; chain programs
+        do not: only their goal, computed once at the end, reads every level)."""
+        return any(len(rd.levels) > 1 for lev in self.levels[: self.goal_level] for st in lev.steps for rd in st.reads)
 
 
 def _pattern(idx: np.ndarray, size: int) -> tuple[str, int]:
@@ -138,10 +140,17 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
                 if rd is not None and t.name in gr.input_shapes:
                     input_entries.setdefault(t.name, {}).setdefault(lev, []).append(rd[inst])
 
-    chunks: dict[str, tuple[torch.Tensor | None, list[int]]] = {}
+    chunks: dict[str, tuple[torch.Tensor | None, list[int] | None]] = {}
     chunk_entries: dict[tuple[str, int], np.ndarray] = {}
     for name, shape in gr.input_shapes.items():
         per = input_entries.get(name, {})
+        numel = int(np.prod(shape, dtype=np.int64))
+        read = [np.unique(np.concatenate(v)) for v in per.values()]
+        if len(read) > 1 and sum(r.size for r in read) > numel:  # entries read at several levels: never split
+            for lev in range(nlev):
+                chunk_entries[(name, lev)] = np.arange(numel)
+            chunks[name] = (None, None)
+            continue
         parts, sizes = [], []
         for lev in range(nlev):
             e = np.unique(np.concatenate(per[lev])) if lev in per else np.zeros(0, dtype=np.int64)
@@ -149,7 +158,6 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
             parts.append(e)
             sizes.append(e.size)
         full = np.concatenate(parts)
-        numel = int(np.prod(shape, dtype=np.int64))
         same = full.size == numel and np.array_equal(full, np.arange(numel))
         chunks[name] = (None if same else torch.from_numpy(full), sizes)
 
@@ -161,17 +169,19 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
         real = table >= 0
         safe = np.where(real, table, table[:, :1])
         reads = []
-        for t, rd in zip(g.rule.terms, g.reads):
+        first_outer = len(g.rule.terms) - g.rule.outer
+        for j, (t, rd) in enumerate(zip(g.rule.terms, g.reads)):
+            K = 1 if j >= first_outer else table.shape[1]
             if rd is None:
                 reads.append(Read("one", L=L, K=K))
                 continue
-            vals = rd[safe]
+            vals = rd[safe[:, :K]]
             if t.name in gr.input_shapes:
                 entries = chunk_entries[(t.name, lev)]
                 idx, size, src_levels = np.searchsorted(entries, vals), entries.size, ()
             else:
                 cid = names.index(t.name)
-                src_levels = tuple(int(x) for x in np.unique(level[vals[real]]))
+                src_levels = tuple(int(x) for x in np.unique(level[vals[real[:, :K]]]))
                 base = {}
                 acc = 0
                 for sl in src_levels:
@@ -179,7 +189,7 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
                     acc += block_size[(cid, sl)]
                 idx = pos[vals] + np.vectorize(base.get, otypes=[np.int64])(level[vals]) if len(src_levels) > 1 else pos[vals]
                 size = acc
-            pattern, off = _pattern(idx, size) if real.all() else ("gather", 0)
+            pattern, off = _pattern(idx, size) if real[:, :K].all() else ("gather", 0)
             index = torch.from_numpy(idx.ravel().copy()) if pattern == "gather" else None
             buffer_index = None
             if len(src_levels) > 1:
@@ -188,7 +198,7 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
             reads.append(Read("chart" if t.name not in gr.input_shapes else "input", t.name, src_levels, pattern, off, index, buffer_index, L, K))
         mask = None if real.all() else torch.from_numpy(real)
         step_id = len(levels[lev].steps)
-        levels[lev].steps.append(Step(r, rule_charts[r], L, K, reads, mask))
+        levels[lev].steps.append(Step(r, rule_charts[r], L, table.shape[1], reads, mask, g.rule.outer))
         writes.setdefault((rule_charts[r], lev), []).append((step_id, pos[uniq]))
 
     for (chart, lev), ws in writes.items():

@@ -141,6 +141,7 @@ class Rule:
     conds: tuple[Cond, ...] = ()
     line: int = field(default=0, compare=False)
     text: str = field(default="", compare=False)
+    outer: int = 0  # the last ``outer`` terms do not depend on the summed variables: ⊗ after the ⊕
 
     @property
     def variables(self) -> set[str]:
