@@ -233,17 +233,19 @@ class StructuredDistribution:
         """``[B, *parts]``: ∂L/∂θ for a loss L with ``grad_marginals = ∂L/∂μ``, computed as the gradient
         of ``expected_score(grad_marginals)`` in the signed-log expectation semiring (Kim et al. 2017 §3.3)."""
         x = self._theta.detach().requires_grad_()
-        (g,) = torch.autograd.grad(self._expected(x, grad_marginals.detach(), sr.SignedLog).sum(), x)
-        return self._out(g)
+        return self._out(self._derivative(self._expected(x, grad_marginals.detach(), sr.SignedLog), x))
 
     def _expected(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
         if v.shape != theta.shape:
             raise ValueError(f"v: expected shape {list(theta.shape)} (that of log_potentials), got {list(v.shape)}")
         e = sr.Expectation(base)
         out = self.program.run(e, {self._input: e.pair(theta, v)}, self._lengths, self._batch, self._shapes)
-        if base is sr.SignedLog:
-            return out[1, 1] * (out[1, 0] - out[0, 0]).exp()
-        return out[1] / out[0]
+        if base is sr.SignedLog:  # where no structure remains (Z = 0) the expectation is 0, not 0/0
+            log_z = out[0, 0]
+            empty = torch.isneginf(log_z)
+            return torch.where(empty, 0.0, out[1, 1] * (out[1, 0] - log_z.masked_fill(empty, 0.0)).exp())
+        empty = out[0] == 0
+        return torch.where(empty, 0.0, out[1] / out[0].masked_fill(empty, 1.0))
 
     def _marginals_exact(self) -> Tensor:
         if self._theta.requires_grad:
