@@ -64,27 +64,46 @@ class StructuredDistribution:
     ``shape`` (the potentials' shape, e.g. ``"B, N-1, C, C"``), and may override ``decode``,
     ``to_parts`` (from the decoded form) and ``__init__`` for its own constructors.
 
+    A program may read inputs besides the potentials — *shared scores* such as a transition matrix,
+    batch size 1 or B, passed as ``shared`` and named by the program. They are not parts: marginals,
+    samples and structures are the potentials', but they score every structure, so a structure that
+    has them names its potentials' input (``potentials``) and says how a structure uses them
+    (``shared_counts``); scores, entropy, cross-entropy and KL count them.
+
     A structure that is not a dynamic program sets no ``program``; it overrides ``run`` (one
     algorithm per semiring: its value must have the right gradient, e.g. ``⟨θ, best tree⟩`` for
     Max), ``_check_lengths``, ``max_length`` and ``enumerate_support``."""
 
     program: ClassVar[Program]
     shape: ClassVar[str]
+    potentials: ClassVar[str | None] = None  # the program input holding the potentials (default: its only input)
 
-    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, shared: dict[str, Tensor] | None = None):
         check_shape("log_potentials", log_potentials, self.shape)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
         low = log_potentials.dtype in (torch.float16, torch.bfloat16)
         self._theta = log_potentials.float() if low else log_potentials
+        self._shared = {k: v.float() if low else v for k, v in (shared or {}).items()}
         self._batch = log_potentials.shape[0]
         self._lengths = self._check_lengths(lengths)
 
     def _check_lengths(self, lengths: Tensor | None) -> Tensor | None:
         """Validate ``lengths`` (``ValueError`` naming it); ``None`` means every example is full length."""
-        self._input = self.program.inputs[0]
-        _, self._shapes = self.program.shapes({self._input: self._theta})
+        self._input = self.potentials or self.program.inputs[0]
+        _, self._shapes = self.program.shapes({self._input: self._theta, **self._shared})
         return self.program.check_lengths(lengths, self._batch, self._shapes)
+
+    def _inputs(self, theta: Tensor, expand: bool = False) -> dict[str, Tensor]:
+        """Every program input, in program order, for potentials ``theta`` (a batch of k·B rows for
+        k copies of the batch); with ``expand``, shared scores of batch 1 are expanded to the batch."""
+        copies = theta.shape[0] // max(1, self._batch)
+        out = {self._input: theta}
+        for name, v in self._shared.items():
+            if v.shape[0] == self._batch and copies > 1:
+                v = v.repeat(copies, *[1] * (v.dim() - 1))
+            out[name] = v.expand(theta.shape[0], *v.shape[1:]) if expand else v
+        return {name: out[name] for name in self.program.inputs}
 
     @property
     def max_length(self) -> int:
@@ -110,11 +129,14 @@ class StructuredDistribution:
 
     def run(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
         """Run the structure's program in ``semiring``: ``[*components, B]``."""
-        theta = self._theta if theta is None else theta
+        return self._run(semiring, self._inputs(self._theta if theta is None else theta), lengths)
+
+    def _run(self, semiring: sr.Semiring, inputs: dict[str, Tensor], lengths: Tensor | None = None) -> Tensor:
+        """Run the program on every input given (program order): ``[*components, batch]``."""
         lengths = self._lengths if lengths is None else lengths
-        semiring.prepare([theta])
-        element = semiring.convert(theta)
-        return self.program.run(semiring, {self._input: element}, lengths, theta.shape[0], self._shapes)
+        semiring.prepare(list(inputs.values()))
+        elements = {name: semiring.convert(x) for name, x in inputs.items()}
+        return self.program.run(semiring, elements, lengths, inputs[self._input].shape[0], self._shapes)
 
     def _out(self, t: Tensor) -> Tensor:
         return t.to(self.dtype) if t.dtype.is_floating_point and t.dtype != torch.float64 else t
@@ -186,12 +208,25 @@ class StructuredDistribution:
         """The one-hot parts of a structure given in its decoded form (see ``decode``)."""
         raise NotImplementedError(f"{type(self).__name__} takes values as one-hot parts only")
 
+    def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:
+        """How often structures given as one-hot parts ``[..., B, *parts]`` use each shared score:
+        ``{name: [..., B, *shape]}`` (structures with shared scores override this)."""
+        if self._shared:
+            raise NotImplementedError(f"{type(self).__name__} has shared scores but no shared_counts")
+        return {}
+
     def score(self, value: Tensor) -> Tensor:
-        """``[..., B]``: ⟨θ, z⟩ for structures ``z`` (one-hot parts, or the decoded form)."""
+        """``[..., B]``: the score of structures ``z`` (one-hot parts, or the decoded form): ⟨θ, z⟩,
+        plus the shared scores they use."""
         parts = value if value.dtype.is_floating_point else self.to_parts(value)
         if parts.shape[-self._theta.dim():] != self._theta.shape:
             raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, self._theta.shape))}], got {list(parts.shape)}")
-        return _inner(self._theta, parts.to(self._theta.dtype), self._part_dims)
+        parts = parts.to(self._theta.dtype)
+        total = _inner(self._theta, parts, self._part_dims)
+        inputs = self._inputs(self._theta, expand=True)
+        for name, counts in self.shared_counts(parts).items():
+            total = total + _inner(inputs[name], counts.to(self._theta.dtype), inputs[name].dim() - 1)
+        return total
 
     def log_prob(self, value: Tensor) -> Tensor:
         """``[..., B]``: log p(z) for structures ``z`` (one-hot parts, or the decoded form); -inf for a
@@ -202,25 +237,40 @@ class StructuredDistribution:
     @cached_property
     def entropy(self) -> Tensor:
         """``[B]``: H(p) = log Z − ⟨θ, μ⟩ (0 where no structure remains: p and μ are 0)."""
-        return self._out(self._cross_entropy(self, self._marginals_exact()))
+        return self._out(self._cross_entropy(self, self._expected_counts()))
 
     def cross_entropy(self, q: "StructuredDistribution") -> Tensor:
         """``[B]``: −E_p[log q(z)] = log Z_q − ⟨θ_q, μ_p⟩ (``+inf`` where p puts mass q forbids)."""
         self._check_same(q)
-        return self._out(self._cross_entropy(q, self._marginals_exact()))
+        return self._out(self._cross_entropy(q, self._expected_counts()))
 
     def kl(self, q: "StructuredDistribution") -> Tensor:
         """``[B]``: KL(p‖q) = log Z_q − log Z_p + ⟨θ_p − θ_q, μ_p⟩."""
         self._check_same(q)
-        mu = self._marginals_exact()
+        mu = self._expected_counts()
         return self._out(self._cross_entropy(q, mu) - self._cross_entropy(self, mu))
 
-    def _cross_entropy(self, q: "StructuredDistribution", mu: Tensor) -> Tensor:
-        """log Z_q − ⟨θ_q, μ⟩ for the marginals μ of this distribution: ``+inf`` where μ is on a part q
-        forbids, 0 where this distribution has no structure (never -inf − (-inf))."""
-        inner = _inner(q._theta, mu, self._part_dims)
+    def _cross_entropy(self, q: "StructuredDistribution", mu: dict[str, Tensor]) -> Tensor:
+        """log Z_q − Σ ⟨score_q, μ⟩ over every input for the expected counts μ of this distribution:
+        ``+inf`` where μ is on a part q forbids, 0 where this distribution has no structure."""
+        inputs = q._inputs(q._theta, expand=True)
+        inner = sum(_inner(inputs[name], m, m.dim() - 1) for name, m in mu.items())
         out = (q.run(sr.Log) - inner).masked_fill(torch.isneginf(inner), math.inf)
         return out.masked_fill(torch.isneginf(self.run(sr.Log)), 0.0)
+
+    def _expected_counts(self) -> dict[str, Tensor]:
+        """``{input: [B, *shape]}``: the expected use of every program input (the marginals, for the
+        potentials) — the gradient of log Z, per example; differentiable when θ requires grad."""
+        if not self._shared:
+            return {self._input: self._marginals_exact()}
+        create = self._theta.requires_grad or any(v.requires_grad for v in self._shared.values())
+        xs = {n: v if create and v.requires_grad else v.detach().requires_grad_()
+              for n, v in self._inputs(self._theta, expand=True).items()}
+        value = self._run(sr.Log, xs)
+        grads = torch.autograd.grad(value.sum(), list(xs.values()), create_graph=create, allow_unused=True)
+        finite = torch.isfinite(value)
+        return {n: (torch.zeros_like(v) if g is None else g * finite.reshape(-1, *[1] * (v.dim() - 1)))
+                for (n, v), g in zip(xs.items(), grads)}
 
     def expected_score(self, v: Tensor, base: sr.Semiring = sr.SignedLog) -> Tensor:
         """``[B]``: E_p[⟨v, z⟩] for values ``v [B, *parts]`` of any sign, by the expectation semiring
@@ -239,7 +289,8 @@ class StructuredDistribution:
         if v.shape != theta.shape:
             raise ValueError(f"v: expected shape {list(theta.shape)} (that of log_potentials), got {list(v.shape)}")
         e = sr.Expectation(base)
-        out = self.program.run(e, {self._input: e.pair(theta, v)}, self._lengths, self._batch, self._shapes)
+        elements = {n: (e.pair(x, v) if n == self._input else e.convert(x)) for n, x in self._inputs(theta).items()}
+        out = self.program.run(e, elements, self._lengths, self._batch, self._shapes)
         if base is sr.SignedLog:  # where no structure remains (Z = 0) the expectation is 0, not 0/0
             log_z = out[0, 0]
             empty = torch.isneginf(log_z)
@@ -272,8 +323,9 @@ class StructuredDistribution:
             except OverflowError:
                 capacity *= 2
         valid = el[:, 0] > 0  # [D, B]
-        values = el[:, 1:].movedim(1, -1).reshape(capacity, *self._theta.shape)
-        valid &= torch.isfinite(_inner(self._theta.detach(), values.to(self._theta.dtype), self._part_dims))
+        first = 1 + sum(x[0].numel() for name, x in self._inputs(self._theta).items() if self.program.inputs.index(name) < self.program.inputs.index(self._input))
+        values = el[:, first: first + self._theta[0].numel()].movedim(1, -1).reshape(capacity, *self._theta.shape)
+        valid &= torch.isfinite(self.score(values.to(self._theta.dtype))).detach()
         order = valid.to(torch.int8).argsort(dim=0, descending=True, stable=True)
         size = max(1, int(valid.sum(0).max()))
         order = order[:size]
