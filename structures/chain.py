@@ -31,6 +31,7 @@ class LinearChainCRF(StructuredDistribution):
     def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
         super().__init__(log_potentials, lengths)
         self._bos = False  # True when tag 0 at position 0 is a start symbol (from_emissions)
+        self._emission_parts: tuple[Tensor, Tensor] | None = None  # (emissions with start/end folded in, transitions)
 
     @classmethod
     def from_emissions(cls, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
@@ -56,22 +57,29 @@ class LinearChainCRF(StructuredDistribution):
             lengths = torch.as_tensor(lengths)
             if lengths.shape != (B,) or lengths.dtype.is_floating_point or (lengths < 1).any() or (lengths > N).any():
                 raise ValueError(f"lengths: expected integers in 1..{N} of shape [B] = [{B}], got {lengths.tolist()}")
-        first = emissions[:, :1] + (0 if start is None else start)  # [B, 1, C]
-        forbid = torch.full((C - 1, C), float("-inf"), dtype=emissions.dtype, device=emissions.device)
-        first = torch.cat([first, forbid.expand(B, C - 1, C)], 1).unsqueeze(1)  # from the start symbol (row 0) only
-        rest = transitions + emissions[:, 1:].unsqueeze(2)  # [B, N-1, C, C]
-        edge = torch.cat([first, rest], 1)
+        # start and end only touch the "to" tag of one position each: fold them into the emissions
+        # ([B, N, C]) and build the edge potentials with a single broadcast add.
+        em = emissions
+        if start is not None:
+            em = torch.cat([em[:, :1] + start, em[:, 1:]], 1)
         if end is not None:
-            last = (torch.full((B,), N, device=emissions.device) if lengths is None else lengths.to(emissions.device)) - 1
-            at_last = torch.nn.functional.one_hot(last, N).to(emissions.dtype)  # [B, N]
-            edge = edge + at_last[:, :, None, None] * end
+            last = (torch.full((B,), N, device=em.device) if lengths is None else lengths.to(em.device)) - 1
+            at_last = torch.arange(N, device=em.device) == last[:, None]  # [B, N]
+            em = torch.where(at_last[:, :, None], em + end, em)  # not a product: end may be -inf
+        # position 0 leaves the start symbol (row 0) only; the others move by the transitions
+        first = torch.full((1, C, C), float("-inf"), dtype=transitions.dtype, device=transitions.device)
+        first[:, 0] = 0
+        moves = torch.cat([first, transitions.unsqueeze(0).expand(N - 1, C, C)], 0)  # [N, C, C]
+        edge = moves + em.unsqueeze(2)  # [B, N, C(from), C(to)]
         crf = cls(edge, None if lengths is None else lengths + 1)
+        crf._emission_parts = (em, transitions)
         crf._bos = True
         return crf
 
     def decode(self) -> Tensor:
-        """``[B, N]`` long: the best tag sequence (0 past each length)."""
-        return self.tags(self.argmax)
+        """``[B, N]`` long: the best tag sequence (0 past each length). Works under ``torch.no_grad()``."""
+        with torch.enable_grad():  # the argmax is the gradient of the Max program
+            return self.tags(self.argmax)
 
     def tags(self, parts: Tensor) -> Tensor:
         """Tags ``[..., B, N]`` of structures given as one-hot parts ``[..., B, N-1, C, C]``."""
@@ -95,6 +103,39 @@ class LinearChainCRF(StructuredDistribution):
         onehot = torch.nn.functional.one_hot(pairs, C * C).reshape(*pairs.shape, C, C).to(self._theta.dtype)
         inside = torch.arange(n - 1, device=tags.device) < (self.lengths.to(tags.device) - 1).unsqueeze(-1)
         return onehot * inside[..., None, None]
+
+    def score(self, value: Tensor) -> Tensor:
+        """``[..., B]``: ⟨θ, z⟩ for tag sequences ``[..., B, N]`` (or one-hot parts).
+
+        Tags are scored by gathering the potentials of the chosen transitions, never through the
+        ``[..., B, N-1, C, C]`` one-hot parts; entries past each length are ignored (any value).
+        A CRF built by :meth:`from_emissions` gathers from its emissions and transitions directly.
+        """
+        if value.dtype.is_floating_point:
+            return super().score(value)
+        B, C = self._batch, self._theta.shape[-1]
+        n = self._theta.shape[1] + (0 if self._bos else 1)  # tags per example
+        if value.dim() < 2 or tuple(value.shape[-2:]) != (B, n) or value.dtype == torch.bool:
+            raise ValueError(f"value: expected integer tags of shape [..., B, N] = [..., {B}, {n}], got {value.dtype} {list(value.shape)}")
+        tag_lengths = self.lengths.to(value.device) - (1 if self._bos else 0)
+        inside = torch.arange(n, device=value.device) < tag_lengths.unsqueeze(-1)  # [B, n]
+        tags = torch.where(inside, value, 0)
+        if ((tags < 0) | (tags >= C)).any():
+            raise ValueError(f"value: tags must lie in 0..{C - 1} within each length")
+        lead = tags.shape[:-2]
+        if self._emission_parts is not None:
+            em, trans = self._emission_parts
+            em, trans = em.to(self._theta.dtype), trans.to(self._theta.dtype)
+            e = em.expand(*lead, *em.shape).gather(-1, tags.unsqueeze(-1)).squeeze(-1)  # [..., B, n]
+            t = trans[tags[..., :-1], tags[..., 1:]]  # [..., B, n-1]
+            return torch.where(inside, e, 0).sum(-1) + torch.where(inside[:, 1:], t, 0).sum(-1)
+        if self._bos:  # the start symbol, tag 0, before the first tag
+            tags = torch.cat([torch.zeros_like(tags[..., :1]), tags], -1)
+            inside = torch.cat([torch.ones_like(inside[:, :1]), inside], -1)
+        pairs = tags[..., :-1] * C + tags[..., 1:]  # [..., B, N-1]
+        flat = self._theta.flatten(-2)
+        g = flat.expand(*lead, *flat.shape).gather(-1, pairs.unsqueeze(-1)).squeeze(-1)
+        return torch.where(inside[:, 1:], g, 0).sum(-1)
 
     @property
     def tag_marginals(self) -> Tensor:

@@ -1,0 +1,1 @@
+"""Benchmarks against peer libraries (not tests): ``python -m benchmarks.chain``."""
