@@ -1,0 +1,341 @@
+"""The distribution API of every structure against independent enumeration (tests/brute.py).
+
+Each structure family runs at every small size, with and without ``lengths``, with finite
+potentials and with some parts forbidden (-inf); every query is checked against the enumeration.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from brute import FAMILIES, Enumeration, Family, as_multiset, random_lengths, random_potentials
+
+
+@dataclass(frozen=True)
+class Case:
+    family: Family
+    shape: tuple[int, ...]
+    with_lengths: bool
+    forbid: float
+
+    def __str__(self) -> str:
+        return f"{self.family}-{'x'.join(map(str, self.shape))}-{'lengths' if self.with_lengths else 'full'}{'-forbid' if self.forbid else ''}"
+
+
+CASES = [Case(f, s, with_lengths, forbid) for f in FAMILIES for s in f.shapes
+         for with_lengths in (False, True) for forbid in (0.0, 0.3)]
+
+
+@dataclass
+class Problem:
+    theta: torch.Tensor  # [B, *shape] float64
+    lengths: torch.Tensor | None
+    enums: list[Enumeration]
+    q_theta: torch.Tensor  # a second distribution over the same structures
+    q_enums: list[Enumeration]
+
+
+@functools.lru_cache(maxsize=None)
+def problem(case: Case) -> Problem:
+    g = torch.Generator().manual_seed(zlib.crc32(str(case).encode()))
+    batch = 3 if case.with_lengths else 2
+    theta = random_potentials(case.shape, batch, g, case.forbid)
+    lengths = random_lengths(batch, case.family.max_length(case.shape), g) if case.with_lengths else None
+    q_theta = random_potentials(case.shape, batch, g, case.forbid)
+    return Problem(theta, lengths, case.family.enumerate(theta, lengths), q_theta, case.family.enumerate(q_theta, lengths))
+
+
+def dist(case: Case, theta: torch.Tensor | None = None):
+    p = problem(case)
+    return case.family.cls(p.theta if theta is None else theta, p.lengths)
+
+
+per_case = pytest.mark.parametrize("case", CASES, ids=str)
+
+
+# ---------------------------------------------------------------- every query equals enumeration
+
+
+@per_case
+def test_log_partition_is_logsumexp_of_every_score(case):
+    expected = torch.stack([e.log_partition for e in problem(case).enums])
+    assert_close(dist(case).log_partition, expected)
+
+
+@per_case
+def test_marginals_are_expected_parts(case):
+    expected = torch.stack([e.marginals for e in problem(case).enums])
+    assert_close(dist(case).marginals, expected)
+
+
+@per_case
+def test_count_is_number_of_structures_of_finite_score(case):
+    expected = torch.tensor([e.count for e in problem(case).enums], dtype=torch.float64)
+    assert_close(dist(case).count, expected)
+
+
+@per_case
+def test_max_and_argmax_are_a_best_structure(case):
+    d, enums = dist(case), problem(case).enums
+    assert_close(d.max, torch.stack([e.max for e in enums]))
+    for b, e in enumerate(enums):
+        if e.count == 0:
+            assert (d.argmax[b] == 0).all()
+        else:
+            assert e.scores[e.index(d.argmax[b])] == e.max
+
+
+@per_case
+def test_topk_are_the_k_best_distinct_structures(case):
+    k = 4
+    d, enums = dist(case), problem(case).enums
+    scores, best = d.topk_scores(k), d.topk(k)
+    for b, e in enumerate(enums):
+        assert_close(scores[:, b], e.topk_scores(k))
+        found = min(k, e.count)
+        assert (best[found:, b] == 0).all()  # slots past the count are empty
+        assert not as_multiset(best[:found, b]) - e.support()  # real structures, none repeated
+        for j in range(found):
+            assert_close(e.scores[e.index(best[j, b])], scores[j, b])
+
+
+@per_case
+def test_enumerate_support_is_every_structure(case):
+    values, valid = dist(case).enumerate_support()
+    for b, e in enumerate(problem(case).enums):
+        assert as_multiset(values[valid[:, b], b]) == e.support()
+        assert (values[~valid[:, b], b] == 0).all()
+
+
+@per_case
+def test_entropy_is_minus_sum_p_log_p(case):
+    assert_close(dist(case).entropy, torch.stack([e.entropy for e in problem(case).enums]))
+
+
+@per_case
+def test_kl_and_cross_entropy_between_two_distributions(case):
+    p = problem(case)
+    d, q = dist(case), dist(case, p.q_theta)
+    assert_close(d.cross_entropy(q), torch.stack([e.cross_entropy(f) for e, f in zip(p.enums, p.q_enums)]))
+    assert_close(d.kl(q), torch.stack([e.kl(f) for e, f in zip(p.enums, p.q_enums)]))
+
+
+@per_case
+def test_log_prob_of_every_structure(case):
+    d, enums = dist(case), problem(case).enums
+    for b, e in enumerate(enums):
+        value = torch.zeros(len(e.scores), *d.log_potentials.shape, dtype=torch.float64)
+        value[:, b] = e.parts
+        assert_close(d.log_prob(value)[:, b], e.log_probs)
+
+
+@per_case
+def test_expected_score_and_marginals_backward(case):
+    """E_p[⟨v, z⟩] by the expectation semiring, and its gradient Cov_p(z) v (backpropagation
+    through the marginals) in signed log space, for values v of either sign."""
+    p = problem(case)
+    d, v = dist(case), p.q_theta.nan_to_num(neginf=-2.0)
+    assert_close(d.expected_score(v), torch.stack([e.expected_score(vb) for e, vb in zip(p.enums, v)]))
+    assert_close(d.marginals_backward(v), torch.stack([e.covariance_times(vb) for e, vb in zip(p.enums, v)]))
+
+
+@per_case
+def test_lengths_default_to_the_longest(case):
+    p = problem(case)
+    expected = p.lengths if p.lengths is not None else torch.full((2,), case.family.max_length(case.shape))
+    assert torch.equal(dist(case).lengths, expected)
+
+
+# ---------------------------------------------------------------- one example or many
+
+
+def largest(family: Family) -> tuple[int, ...]:
+    return family.shapes[-1]
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_padded_batch_equals_examples_one_by_one(family):
+    shape = largest(family)
+    longest = family.max_length(shape)
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.arange(longest, 0, -1)
+    theta = random_potentials(shape, longest, g) * 50  # padding holds large values: it must carry no mass
+    batch = family.cls(theta, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        one = family.cls(family.truncate(theta[b : b + 1], n))
+        pad = [0, 0] * (len(shape) - 1) + [0, shape[0] - one.log_potentials.shape[1]]
+        assert_close(batch.log_partition[b], one.log_partition[0])
+        assert_close(batch.marginals[b], torch.nn.functional.pad(one.marginals, pad)[0])
+        assert_close(batch.argmax[b], torch.nn.functional.pad(one.argmax, pad)[0])
+
+
+# ---------------------------------------------------------------- gradients
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_gradcheck_and_gradgradcheck(family, with_lengths):
+    shape = family.shapes[len(family.shapes) // 2]
+    g = torch.Generator().manual_seed(2)
+    theta = random_potentials(shape, 2, g).requires_grad_()
+    lengths = random_lengths(2, family.max_length(shape), g) if with_lengths else None
+
+    def log_partition(x):
+        return family.cls(x, lengths).log_partition
+
+    def marginals(x):
+        return family.cls(x, lengths).marginals
+
+    assert torch.autograd.gradcheck(log_partition, (theta,))
+    assert torch.autograd.gradgradcheck(log_partition, (theta,))
+    assert torch.autograd.gradcheck(marginals, (theta,))
+
+
+# ---------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_sample_frequencies_match_marginals(family):
+    torch.manual_seed(0)
+    shape = largest(family)
+    g = torch.Generator().manual_seed(3)
+    theta = random_potentials(shape, 2, g, forbid=0.2)
+    lengths = random_lengths(2, family.max_length(shape), g)
+    d = family.cls(theta, lengths)
+    n = 20000
+    samples = d.sample((n,))
+    assert samples.shape == (n, *theta.shape)
+    mu = d.marginals
+    bound = 5 * (mu * (1 - mu) / n).sqrt() + 1e-9  # five binomial standard errors
+    assert ((samples.mean(0) - mu).abs() <= bound).all()
+    for b, e in enumerate(family.enumerate(theta, lengths)):
+        assert not as_multiset(samples[:, b].unique(dim=0)) - e.support()  # each sample is a structure
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def bad_potentials(family: Family):
+    """(name, tensor) pairs of potentials the structure must refuse."""
+    shape = largest(family)
+    ok = torch.zeros(2, *shape, dtype=torch.float64)
+    wrong_size = list(ok.shape)
+    wrong_size[-1] += 1
+    return [
+        ("rank too small", ok[0]),
+        ("rank too large", ok.unsqueeze(-1)),
+        ("size mismatch", torch.zeros(wrong_size, dtype=torch.float64)),
+        ("integer", ok.long()),
+        ("nan", with_first_entry(ok, math.nan)),
+        ("+inf", with_first_entry(ok, math.inf)),
+    ]
+
+
+def with_first_entry(theta: torch.Tensor, value: float) -> torch.Tensor:
+    theta = theta.clone()
+    theta.view(-1)[0] = value
+    return theta
+
+
+@pytest.mark.parametrize("family, what, theta",
+                         [(f, what, t) for f in FAMILIES for what, t in bad_potentials(f)],
+                         ids=lambda v: str(v) if not isinstance(v, torch.Tensor) else "")
+def test_bad_potentials_raise_value_error_naming_argument_and_shape(family, what, theta):
+    with pytest.raises(ValueError, match="log_potentials") as error:
+        family.cls(theta)
+    if what in ("rank too small", "rank too large", "size mismatch"):
+        assert f"[{family.cls.shape}]" in str(error.value)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+@pytest.mark.parametrize("what", ["zero", "too long", "negative", "batch size", "rank 2", "float", "bool"])
+def test_bad_lengths_raise_value_error_naming_lengths(family, what):
+    shape = largest(family)
+    longest = family.max_length(shape)
+    theta = torch.zeros(2, *shape, dtype=torch.float64)
+    lengths = {
+        "zero": torch.tensor([longest, 0]),
+        "too long": torch.tensor([longest + 1, 1]),
+        "negative": torch.tensor([-1, 1]),
+        "batch size": torch.tensor([1, 1, 1]),
+        "rank 2": torch.tensor([[1], [1]]),
+        "float": torch.tensor([1.0, 1.0]),
+        "bool": torch.tensor([True, True]),
+    }[what]
+    with pytest.raises(ValueError, match="lengths") as error:
+        family.cls(theta, lengths)
+    message = str(error.value)
+    assert f"1..{longest}" in message if what in ("zero", "too long", "negative") else "[B]" in message
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_no_query_mutates_its_inputs(family):
+    shape = largest(family)
+    g = torch.Generator().manual_seed(4)
+    theta = random_potentials(shape, 3, g, forbid=0.2)
+    lengths = random_lengths(3, family.max_length(shape), g)
+    other = random_potentials(shape, 3, g)
+    saved = theta.clone(), lengths.clone(), other.clone()
+    d, q = family.cls(theta, lengths), family.cls(other, lengths)
+    queries = [
+        lambda: d.log_partition, lambda: d.marginals, lambda: d.max, lambda: d.argmax, lambda: d.decode(),
+        lambda: d.topk(3), lambda: d.topk_scores(3), lambda: d.sample((5,)), lambda: d.count,
+        lambda: d.entropy, lambda: d.cross_entropy(q), lambda: d.kl(q), lambda: d.enumerate_support(),
+        lambda: d.log_prob(d.argmax), lambda: d.lengths, lambda: d.expected_score(other),
+        lambda: d.marginals_backward(other),
+        lambda: family.cls(theta.clone().requires_grad_(), lengths).marginals.sum().backward(),
+    ]
+    for query in queries:
+        query()
+        for now, before in zip((theta, lengths, other), saved):
+            assert torch.equal(now, before)
+
+
+# ---------------------------------------------------------------- constraints
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_nothing_left_gives_minus_inf_zero_marginals_and_no_nan(family):
+    shape = largest(family)
+    g = torch.Generator().manual_seed(5)
+    theta = random_potentials(shape, 2, g)
+    theta[0] = float("-inf")  # example 0: every part forbidden; example 1: untouched
+    d, q = family.cls(theta), family.cls(random_potentials(shape, 2, g))
+    e = family.enumerate(theta)[1]
+    assert d.log_partition[0] == -math.inf and d.max[0] == -math.inf and d.count[0] == 0
+    assert_close(d.log_partition[1], e.log_partition)
+    for zero in (d.marginals, d.argmax, d.topk(2).transpose(0, 1), d.sample((3,)).transpose(0, 1)):
+        assert (zero[0] == 0).all()
+    assert (d.topk_scores(2)[:, 0] == -math.inf).all()
+    values, valid = d.enumerate_support()
+    assert not valid[:, 0].any()
+    for result in (d.marginals, d.argmax, d.entropy, d.cross_entropy(q), d.kl(q), q.kl(d), q.cross_entropy(d),
+                   d.log_prob(d.sample((3,))), d.topk(2), d.sample((3,)), d.expected_score(theta.nan_to_num()),
+                   d.marginals_backward(theta.nan_to_num())):
+        assert not result.isnan().any()
+    assert q.kl(d)[0] == math.inf and q.cross_entropy(d)[0] == math.inf  # q puts mass where d has none
+
+
+# ---------------------------------------------------------------- low precision
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+@pytest.mark.parametrize("dtype, tol", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)], ids=["float16", "bfloat16"])
+def test_half_precision_is_computed_in_float32_and_returned_in_input_dtype(family, dtype, tol):
+    shape = largest(family)
+    g = torch.Generator().manual_seed(6)
+    low = random_potentials(shape, 2, g, forbid=0.2, dtype=torch.float32).to(dtype)
+    lengths = random_lengths(2, family.max_length(shape), g)
+    d, ref = family.cls(low, lengths), family.cls(low.float(), lengths)
+    for query in ("log_partition", "marginals", "max", "argmax", "entropy"):
+        got, expected = getattr(d, query), getattr(ref, query)
+        assert got.dtype == dtype, query
+        assert_close(got.float(), expected, rtol=tol, atol=tol, msg=query)
+    assert d.sample((2,)).dtype == dtype and d.topk(2).dtype == dtype

@@ -1,0 +1,197 @@
+"""The rule language: checked programs, errors with line and column, and programs the library does
+not ship running in every semiring and agreeing with brute force."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import semiring as sr
+from brute import Enumeration, binary_trees, projective_trees, random_lengths, random_potentials
+
+EISNER = """
+C[s, s, d]  = 1
+I[s, t, R] += C[s, u, R] * C[u+1, t, L] * arc[s, t]    for u in s..t-1
+I[s, t, L] += C[s, u, R] * C[u+1, t, L] * arc[t, s]    for u in s..t-1   if s > 0
+C[s, t, R] += I[s, u, R] * C[u, t, R]                  for u in s+1..t
+C[s, t, L] += C[s, u, L] * I[u, t, L]                  for u in s..t-1
+goal        = C[0, n, R]
+"""
+
+CKY = """
+span[i, i+1] = word[i]
+span[i, k]  += span[i, j] * span[j, k] * rule[i, k]    for j in i+1..k-1
+goal         = span[0, n]
+"""
+
+
+@pytest.fixture(scope="module")
+def eisner():
+    return sr.program(EISNER)
+
+
+@pytest.fixture(scope="module")
+def cky():
+    return sr.program(CKY)
+
+
+# ---------------------------------------------------------------- errors name line and column
+
+
+def a(*shape):
+    return torch.zeros(1, *shape)
+
+
+ERRORS = [
+    # (what, program lines, inputs, (line, column) or a list of them where any is right, phrase)
+    ("missing input", ["x[i] = a[i] * b[i]", "goal += x[n-1]"], dict(a=a(3)), (1, 15), "input 'b' is not given"),
+    ("misspelt chart is an input nobody gives",
+     ["alpha[i] = a[i]", "goal += alhpa[n-1]"], dict(a=a(3)), (2, 9), "input 'alhpa' is not given"),
+    ("item depends on itself", ["x[i] = a[i]", "x[i] += x[i] * a[i]", "goal += x[n-1]"], dict(a=a(3)), (2, 1), "depends on itself"),
+    ("cycle through two charts", ["x[i] = a[i]", "x[i] += y[i]", "  y[i] += x[i]", "goal += x[n-1]"], dict(a=a(3)), [(2, 1), (3, 3)],
+     "depends on itself"),
+    ("cycle read by an earlier rule", ["goal += x[n-1]", "x[i] = a[i]", "x[i] += y[i]", "y[i] += x[i]"], dict(a=a(3)),
+     [(3, 1), (4, 1)], "depends on itself"),
+    ("item defined only from itself", ["x[i] += x[i] * a[i]", "goal += x[n-1]"], dict(a=a(3)), (1, 1), "depends on itself"),
+    ("chart grows without limit", ["x[0] = 1", "x[i+1] += x[i]", "goal += x[n]"], dict(), (2, 1), "cannot bound"),
+    ("variable nothing bounds", ["x[i] = a[i] if j > i", "goal += x[n-1]"], dict(a=a(3)), (1, 1), "cannot bound the index variable 'j'"),
+    ("summed variable nothing bounds", ["x[i] += a[i] for j in 0..k", "goal += x[n-1]"], dict(a=a(3)), (1, 1), "cannot bound the index variable"),
+    ("input of the wrong rank", ["x[i] = a[i]", "goal += x[n-1]"], dict(a=a(3, 3)), (1, 8), "needs shape [B, ?]"),
+    ("input used with two ranks", ["x[i] = a[i]", "y[i] = a[i, i]", "goal += y[n-1]"], dict(a=a(3)), (2, 8), "input 'a'"),
+    ("chart defined with two ranks", ["x[i] = a[i]", "x[i, j] += a[j]", "goal += x[n-1]"], dict(a=a(3)), (2, 1), "chart 'x'"),
+    ("chart read with another rank", ["x[i] = a[i]", "y[i] = x[i, i]", "goal += y[n-1]"], dict(a=a(3)), (2, 8), "chart 'x'"),
+    ("n outside goal", ["x[i] = a[n]", "goal += x[n-1]"], dict(a=a(3)), (1, 1), "'n' may only appear"),
+    ("goal read by a rule", ["x[i] = a[i]", "y[i] = goal", "goal += x[n-1]"], dict(a=a(3)), (2, 8), "'goal' cannot be read"),
+    ("no goal", ["x[i] = a[i]"], dict(a=a(3)), (1, 1), "no rule defines 'goal'"),
+    ("unclosed bracket", ["x[i] = a[i", "goal += x[n-1]"], dict(a=a(3)), (1, 11), "expected ]"),
+    ("stray operator", ["x[i] = a[i] +* a[i]", "goal += x[n-1]"], dict(a=a(3)), (1, 13), "unexpected '+'"),
+    ("unknown character", ["x[i] = a[i]", "goal += x[n-1] ; 1"], dict(a=a(3)), (2, 16), "unexpected character ';'"),
+    ("number other than 1", ["x[i] = 2 * a[i]", "goal += x[n-1]"], dict(a=a(3)), (1, 8), "the only number"),
+    ("missing =", ["x[i] a[i]", "goal += x[n-1]"], dict(a=a(3)), (1, 6), "expected '=' or '+='"),
+]
+
+
+@pytest.mark.parametrize("what, lines, inputs, at, phrase", ERRORS, ids=[e[0] for e in ERRORS])
+def test_program_errors_name_line_and_column(what, lines, inputs, at, phrase):
+    with pytest.raises(sr.ProgramError) as error:
+        sr.program("\n".join(lines))(sr.Log, **inputs)
+    message = str(error.value)
+    assert isinstance(error.value, ValueError)
+    assert phrase in message
+    assert any(f"line {line}, column {column}:" in message for line, column in (at if isinstance(at, list) else [at])), message
+
+
+def test_inputs_the_program_does_not_read_are_named():
+    with pytest.raises(ValueError, match=r"unknown input\(s\) \['b'\].*\['a'\]"):
+        sr.program("x[i] = a[i]\ngoal += x[n-1]")(sr.Log, a=a(3), b=a(3))
+
+
+def test_lengths_for_a_program_without_n_are_refused():
+    with pytest.raises(ValueError, match="lengths"):
+        sr.program("goal += a[i]")(sr.Log, lengths=torch.tensor([1]), a=a(3))
+
+
+def test_a_sum_with_no_head_index_reads_every_instance():
+    """``goal += a[i] * b[j]`` has rank-0 head and two summed variables: Σ_ij a_i b_j."""
+    x, y = torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)
+    got = sr.program("goal += a[i] * b[j]")(sr.Log, a=x, b=y)
+    assert_close(got, torch.logsumexp(x, -1) + torch.logsumexp(y, -1))
+
+
+# ---------------------------------------------------------------- the compiler's own work
+
+
+def test_the_two_eisner_incomplete_rules_share_one_sub_sum(eisner):
+    shared = [r for r in eisner.rules if r.head.name.startswith("_sum")]
+    assert len(shared) == 1
+    readers = [r for r in eisner.rules if any(t.name == shared[0].head.name for t in r.terms)]
+    assert sorted(r.head.name for r in readers) == ["I", "I"]
+
+
+def test_chain_wavefront_is_one_level_per_position():
+    chain = sr.program("""
+        alpha[0, c]  = 1
+        alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]
+        goal        += alpha[n-1, c]
+    """)
+    levels = [len(chain.compiled({"edge": (N - 1, 2, 2)}).levels) for N in range(2, 7)]
+    assert [b - a for a, b in zip(levels, levels[1:])] == [1, 1, 1, 1]
+
+
+# ---------------------------------------------------------------- programs the library does not ship
+
+
+def catalan(n: int) -> int:
+    return math.comb(2 * n, n) // (n + 1)
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_eisner_counts_multi_root_projective_trees(eisner, n):
+    count = eisner(sr.Count, arc=torch.zeros(1, n + 1, n + 1))
+    assert count.item() == math.comb(3 * n, n) // (2 * n + 1)
+
+
+@pytest.mark.parametrize("n", range(1, 8))
+def test_forbidden_arcs_reduce_the_count(eisner, n):
+    """With every left arc forbidden (heads precede their dependents) the projective trees are the
+    ordered trees on n + 1 nodes in preorder: Catalan(n) of them."""
+    left = torch.ones(n + 1, n + 1).tril(-1).bool()
+    arc = torch.zeros(1, n + 1, n + 1).masked_fill(left, -math.inf)
+    assert eisner(sr.Count, arc=arc).item() == catalan(n)
+
+
+def test_eisner_count_with_lengths(eisner):
+    lengths = torch.tensor([5, 1, 3, 2])
+    count = eisner(sr.Count, lengths=lengths, arc=torch.zeros(4, 6, 6))
+    assert count.tolist() == [math.comb(3 * n, n) // (2 * n + 1) for n in lengths.tolist()]
+
+
+@pytest.mark.parametrize("n", range(1, 7))
+def test_cky_counts_binary_bracketings(cky, n):
+    assert cky(sr.Count, word=torch.zeros(1, n), rule=torch.zeros(1, n + 1, n + 1)).item() == catalan(n - 1)
+
+
+def k_best(scores: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.cat([scores, torch.full((k,), -math.inf, dtype=scores.dtype)]).sort(descending=True).values[:k]
+
+
+@pytest.mark.parametrize("forbid", [0.0, 0.3])
+def test_cky_in_every_semiring_equals_brute_force(cky, forbid):
+    g = torch.Generator().manual_seed(10)
+    N, k = 5, 4
+    word = random_potentials((N,), 4, g)
+    rule = random_potentials((N + 1, N + 1), 4, g, forbid).requires_grad_()
+    lengths = random_lengths(4, N, g)
+    enums = [Enumeration(r.detach(), binary_trees(0, n)) for r, n in zip(rule, lengths.tolist())]
+    leaves = torch.stack([w[:n].sum() for w, n in zip(word, lengths.tolist())])
+
+    log_z = cky(sr.Log, lengths=lengths, word=word, rule=rule)
+    assert_close(log_z, torch.stack([e.log_partition for e in enums]) + leaves)
+    (marginals,) = torch.autograd.grad(log_z.sum(), rule)
+    some = log_z.isfinite()  # marginals exist where some structure does (the distributions mask the rest)
+    assert_close(marginals[some], torch.stack([e.marginals for e in enums])[some])
+    assert_close(cky(sr.Max, lengths=lengths, word=word, rule=rule), torch.stack([e.max for e in enums]) + leaves)
+    assert_close(cky(sr.KMax(k), lengths=lengths, word=word, rule=rule),
+                 torch.stack([k_best(e.scores, k) for e in enums], 1) + leaves)
+    assert cky(sr.Count, lengths=lengths, word=word, rule=rule).tolist() == [e.count for e in enums]
+
+
+@pytest.mark.parametrize("forbid", [0.0, 0.3])
+def test_eisner_in_every_semiring_equals_brute_force(eisner, forbid):
+    g = torch.Generator().manual_seed(11)
+    N, k = 4, 5
+    arc = random_potentials((N + 1, N + 1), 3, g, forbid).requires_grad_()
+    lengths = random_lengths(3, N, g)
+    enums = [Enumeration(x.detach(), projective_trees(n)) for x, n in zip(arc, lengths.tolist())]
+
+    log_z = eisner(sr.Log, lengths=lengths, arc=arc)
+    assert_close(log_z, torch.stack([e.log_partition for e in enums]))
+    (marginals,) = torch.autograd.grad(log_z.sum(), arc)
+    some = log_z.isfinite()  # marginals exist where some structure does (the distributions mask the rest)
+    assert_close(marginals[some], torch.stack([e.marginals for e in enums])[some])
+    assert_close(eisner(sr.Max, lengths=lengths, arc=arc), torch.stack([e.max for e in enums]))
+    assert_close(eisner(sr.KMax(k), lengths=lengths, arc=arc), torch.stack([k_best(e.scores, k) for e in enums], 1))
+    assert eisner(sr.Count, lengths=lengths, arc=arc).tolist() == [e.count for e in enums]

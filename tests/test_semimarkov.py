@@ -1,0 +1,56 @@
+"""SemiMarkovCRF: closed-form counts and per-position labels."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from brute import SEMIMARKOV, random_lengths, random_potentials
+from structures import SemiMarkovCRF
+
+
+def compositions(n: int, parts: int, K: int) -> int:
+    """Compositions of n into ``parts`` parts of size 1..K, by inclusion-exclusion over the parts above K."""
+    return sum((-1) ** j * math.comb(parts, j) * math.comb(n - j * K - 1, parts - 1)
+               for j in range(parts + 1) if n - j * K - 1 >= parts - 1)
+
+
+@pytest.mark.parametrize("N", range(1, 11))
+@pytest.mark.parametrize("K", range(1, 5))
+@pytest.mark.parametrize("C", range(1, 4))
+def test_count_is_compositions_into_parts_up_to_k_times_c_per_part(N, K, C):
+    lengths = torch.arange(N, 0, -1)
+    crf = SemiMarkovCRF(torch.zeros(N, N, K, C, C), lengths)
+    expected = [sum(compositions(n, m, K) * C**m for m in range(1, n + 1)) for n in lengths.tolist()]
+    assert crf.count.tolist() == expected
+
+
+@pytest.mark.parametrize("N", range(1, 9))
+@pytest.mark.parametrize("K", range(1, 4))
+def test_forbidding_label_changes_leaves_only_label_0(N, K):
+    """The first segment follows label 0, so with every change of label forbidden all segments are 0."""
+    C = 3
+    theta = torch.zeros(1, N, K, C, C).masked_fill(~torch.eye(C, dtype=torch.bool), -math.inf)
+    assert SemiMarkovCRF(theta).count.item() == sum(compositions(N, m, K) for m in range(1, N + 1))
+
+
+def test_forbidding_long_segments_leaves_one_label_per_position():
+    theta = torch.zeros(1, 6, 3, 2, 2)
+    theta[:, :, 1:] = -math.inf
+    assert SemiMarkovCRF(theta).count.item() == 2**6
+
+
+def test_decode_labels_every_position_of_the_best_segmentation():
+    g = torch.Generator().manual_seed(30)
+    N, K, C = 5, 3, 2
+    theta = random_potentials((N, K, C, C), 4, g)
+    lengths = random_lengths(4, N, g)
+    crf = SemiMarkovCRF(theta, lengths)
+    expected = torch.full((4, N), -1)
+    for b, e in enumerate(SEMIMARKOV.enumerate(theta, lengths)):
+        best = e.parts[e.scores.argmax()]
+        for j, k, _, c in best.nonzero().tolist():  # segment ending at j, of length k+1, labelled c
+            expected[b, j - k : j + 1] = c
+    assert torch.equal(crf.decode(), expected)
