@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from brute import HOPS, random_lengths, random_potentials
+from brute import HOPS, random_potentials
 from structures import HopChainCRF
 
 
