@@ -2,7 +2,12 @@
 
 from .chain import LinearChainCRF
 from .distribution import StructuredDistribution
+from .emission import EmissionCRF
 from .hops import HopChainCRF
+from .projective import ProjectiveDependencyCRF
 from .semimarkov import SemiMarkovCRF
 
-__all__ = ["HopChainCRF", "LinearChainCRF", "SemiMarkovCRF", "StructuredDistribution"]
+__all__ = [
+    "EmissionCRF", "HopChainCRF", "LinearChainCRF", "ProjectiveDependencyCRF", "SemiMarkovCRF",
+    "StructuredDistribution",
+]

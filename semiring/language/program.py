@@ -94,7 +94,10 @@ class Program:
             lengths = torch.as_tensor(lengths)
         if lengths.dim() != 1 or lengths.shape[0] != batch or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
             raise ValueError(f"lengths: expected an integer tensor of shape [B] = [{batch}], got {lengths.dtype} {tuple(lengths.shape)}")
-        ok = np.isin(lengths.cpu().numpy(), allowed)
+        if allowed.size and allowed[-1] - allowed[0] + 1 == allowed.size:  # a range: two comparisons
+            ok = ((lengths >= int(allowed[0])) & (lengths <= int(allowed[-1]))).cpu().numpy()
+        else:
+            ok = np.isin(lengths.cpu().numpy(), allowed)
         if not ok.all():
             bad = lengths[torch.from_numpy(~ok)].tolist()
             raise ValueError(f"lengths: {bad} out of range; these shapes allow {allowed.min()}..{allowed.max()}" if allowed.size else "lengths: these shapes admit no structure")
@@ -149,7 +152,8 @@ class _Job:
         return goal.gather(-1, self.goal_index(goal)).squeeze(-1)
 
     def goal_index(self, goal: Tensor) -> Tensor:
-        where = torch.from_numpy(np.searchsorted(self.sch.lengths, self.lengths.cpu().numpy())).to(goal.device)
+        allowed = torch.as_tensor(self.sch.lengths, device=goal.device)
+        where = torch.searchsorted(allowed, self.lengths.to(goal.device, allowed.dtype))
         return where.reshape(*([1] * self.lead), -1, 1).expand(*goal.shape[:-1], 1)
 
     def step(self, step: Step, read, like: Tensor) -> Tensor:

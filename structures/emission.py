@@ -1,0 +1,78 @@
+"""The linear-chain CRF in the emission + transition parameterization of pytorch-crf."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import semiring
+
+from .distribution import StructuredDistribution, check_shape
+
+
+class EmissionCRF(StructuredDistribution):
+    """A distribution over tag sequences scored by per-position emissions and shared transitions:
+
+    ``score(t) = start[t_0] + Σ_i emissions[i, t_i] + Σ_i transitions[t_i, t_{i+1}] + end[t_{n-1}]``
+
+    ``emissions [B, N, C]`` are the potentials: marginals are p(tag at i is c) ``[B, N, C]`` and
+    structures are one-hot tags ``[B, N, C]`` (0 past each length). ``transitions [C, C]`` (from,
+    to), ``start [C]`` and ``end [C]`` are scores shared by the batch (default 0); gradients reach
+    them through ``log_prob``/``log_partition`` as through the emissions. ``lengths[b]`` in ``1..N``.
+    ``decode()`` gives tags ``[B, N]`` (0 past each length); ``log_prob`` takes tags or one-hot tags.
+
+    Because the transition matrix is shared, each step of the forward algorithm is one matrix
+    product with ``exp(transitions)`` (exact, see ``semiring.Log.dot``), not a ``[B, C, C]`` logsumexp.
+    """
+
+    program = semiring.program("""
+        alpha[0, c]  = start[c] * emit[0, c]
+        alpha[i, c] += alpha[i-1, y] * trans[y, c] * emit[i, c]
+        goal        += alpha[n-1, c] * end[c]
+    """)
+    shape = "B, N, C"
+    potentials = "emit"
+
+    def __init__(self, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
+                 end: Tensor | None = None, lengths: Tensor | None = None):
+        check_shape("emissions", emissions, "B, N, C")
+        C = emissions.shape[-1]
+        check_shape("transitions", transitions, "C, C")
+        if transitions.shape[0] != C:
+            raise ValueError(f"transitions: expected shape [C, C] = [{C}, {C}], got {list(transitions.shape)}")
+        shared = {"trans": transitions.unsqueeze(0)}
+        for name, v in (("start", start), ("end", end)):
+            if v is None:
+                v = emissions.new_zeros(C)
+            check_shape(name, v, "C")
+            if v.shape[0] != C:
+                raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
+            shared[name] = v.unsqueeze(0)
+        super().__init__(emissions, lengths, shared)
+
+    def decode(self) -> Tensor:
+        """``[B, N]`` long: the best tag sequence (0 past each length)."""
+        with torch.enable_grad():  # the argmax is the gradient of the Max program
+            return self.argmax.argmax(-1)
+
+    def to_parts(self, tags: Tensor) -> Tensor:
+        """One-hot tags ``[..., B, N, C]`` of tag sequences ``[..., B, N]`` (entries past each length ignored)."""
+        N, C = self._theta.shape[-2:]
+        if tags.shape[-1] != N:
+            raise ValueError(f"value: expected tags of shape [..., B, {N}], got {list(tags.shape)}")
+        inside = torch.arange(N, device=tags.device) < self.lengths.to(tags.device).unsqueeze(-1)
+        return torch.nn.functional.one_hot(tags.clamp(0, C - 1), C).to(self._theta.dtype) * inside.unsqueeze(-1)
+
+    def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:
+        """Transitions taken ``[..., B, C, C]``, and the first and last tags ``[..., B, C]``."""
+        last = (self.lengths.to(parts.device) - 1).reshape(-1, 1, 1).expand(-1, 1, parts.shape[-1])
+        return {
+            "trans": parts[..., :-1, :].transpose(-1, -2) @ parts[..., 1:, :],
+            "start": parts[..., 0, :],
+            "end": parts.gather(-2, last.expand(*parts.shape[:-2], 1, parts.shape[-1])).squeeze(-2),
+        }
+
+    @property
+    def tag_marginals(self) -> Tensor:
+        """``[B, N, C]``: p(tag at position i is c) — the marginals (as ``LinearChainCRF.tag_marginals``)."""
+        return self.marginals
