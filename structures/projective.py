@@ -19,7 +19,7 @@ _CHART = """
     C[s, t, L] += C[s, u, L] * I[u, t, L]                  for u in s..t-1
 """
 _MULTI_ROOT = _CHART + """
-    goal        = C[0, n, R]                               # the root may take several children
+    goal        = C[0, n, R]    if n > 0                   # the root may take several children
 """
 _SINGLE_ROOT = _CHART + """
     goal       += arc[0, m] * C[1, m, L] * C[m, n, R]      for m in 1..n   # exactly one child of the root

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import Tensor
 
-from structures import HopChainCRF, LinearChainCRF, SemiMarkovCRF
+from structures import HopChainCRF, LinearChainCRF, ProjectiveDependencyCRF, SemiMarkovCRF
 
 Part = tuple[int, ...]
 
@@ -176,15 +176,16 @@ class Family:
     """A structure class, its independent enumerator and the small sizes its tests run at.
 
     ``shapes`` are per-example shapes of the potentials; ``offset`` is the longest length minus the
-    first dimension (1 for the chain's ``N-1`` positions), so a length-``n`` example lives in
-    ``theta[: n - offset]``.
+    first dimension (1 for the chain's ``N-1`` positions, -1 for the root row of a tree), so a
+    length-``n`` example lives in ``theta[: n - offset]`` along each of its first ``length_dims``.
     """
 
     name: str
-    cls: type
+    cls: Callable
     shapes: tuple[tuple[int, ...], ...]
     offset: int
     structures: Callable[[tuple[int, ...], int], Iterable[list[Part]]]
+    length_dims: int = 1
 
     def max_length(self, shape: tuple[int, ...]) -> int:
         return shape[0] + self.offset
@@ -197,7 +198,7 @@ class Family:
 
     def truncate(self, theta: Tensor, n: int) -> Tensor:
         """The potentials of a length-``n`` example cut to its own size."""
-        return theta[:, : n - self.offset]
+        return theta[(slice(None), *[slice(0, n - self.offset)] * self.length_dims)]
 
     def __str__(self) -> str:
         return self.name
@@ -218,7 +219,22 @@ HOPS = Family(
     tuple((K, F, F) for K in range(1, 4) for F in range(1, 4)), 0,
     lambda shape, n: hop_structures(n, shape[-1]),
 )
-FAMILIES = (CHAIN, SEMIMARKOV, HOPS)
+PROJECTIVE = Family(
+    "projective", ProjectiveDependencyCRF,
+    tuple((n + 1, n + 1) for n in range(1, 5)), -1,
+    lambda shape, n: projective_trees(n), length_dims=2,
+)
+class SingleRootProjective(ProjectiveDependencyCRF):
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        super().__init__(log_potentials, lengths, single_root=True)
+
+
+PROJECTIVE_SINGLE_ROOT = Family(
+    "projective-single-root", SingleRootProjective,
+    tuple((n + 1, n + 1) for n in range(1, 5)), -1,
+    lambda shape, n: (t for t in projective_trees(n) if sum(h == 0 for h, _ in t) == 1), length_dims=2,
+)
+FAMILIES = (CHAIN, SEMIMARKOV, HOPS, PROJECTIVE, PROJECTIVE_SINGLE_ROOT)
 
 
 def random_lengths(batch: int, longest: int, generator: torch.Generator) -> Tensor:

@@ -170,7 +170,7 @@ def test_padded_batch_equals_examples_one_by_one(family):
     batch = family.cls(theta, lengths)
     for b, n in enumerate(lengths.tolist()):
         one = family.cls(family.truncate(theta[b : b + 1], n))
-        pad = [0, 0] * (len(shape) - 1) + [0, shape[0] - one.log_potentials.shape[1]]
+        pad = [x for d in reversed(range(len(shape))) for x in (0, shape[d] - one.log_potentials.shape[d + 1])]
         assert_close(batch.log_partition[b], one.log_partition[0])
         assert_close(batch.marginals[b], torch.nn.functional.pad(one.marginals, pad)[0])
         assert_close(batch.argmax[b], torch.nn.functional.pad(one.argmax, pad)[0])
