@@ -253,6 +253,13 @@ def ground(rules: list[Rule], syntax: Syntax, shapes: dict[str, tuple[int, ...]]
     extents = _extents(rules, syntax, shapes, labels)
     for rule in rules:
         extents.setdefault(rule.head.name, Space([0] * len(rule.head.indices), [-1] * len(rule.head.indices)))
+        if extents[rule.head.name].size == 0:  # an empty chart: is an index of this head free?
+            others = {c: sp for c, sp in extents.items() if c != rule.head.name}
+            box = _bounds(rule, shapes, others, labels)
+            free = [v for v in sorted(rule.head.variables) if not all(map(math.isfinite, box[v]))]
+            if free:
+                raise rule.error(f"cannot bound the index variable '{free[0]}': no input, chart extent, "
+                                 "'for' range or condition limits it", rule.head.col)
     offsets, total = {}, 0
     for name, sp in extents.items():
         offsets[name] = total
