@@ -63,10 +63,14 @@ class HopChainCRF(StructuredDistribution):
         return self.argmax.sum(-2).argmax(-1)
 
     def to_parts(self, facts: Tensor) -> Tensor:
-        """One-hot parts ``[..., B, K, F, F]`` of fact sequences ``[..., B, K]``."""
-        F = self._theta.shape[-1]
+        """One-hot parts ``[..., B, K, F, F]`` of fact sequences ``[..., B, K]`` (hops past each length ignored)."""
+        K, F = self._theta.shape[1], self._theta.shape[-1]
+        if facts.shape[-1] != K:
+            raise ValueError(f"value: expected facts of shape [..., B, {K}], got {list(facts.shape)}")
         prev = torch.cat([torch.zeros_like(facts[..., :1]), facts[..., :-1]], -1)
-        return torch.nn.functional.one_hot(prev * F + facts, F * F).reshape(*facts.shape, F, F).to(self._theta.dtype)
+        onehot = torch.nn.functional.one_hot(prev * F + facts, F * F).reshape(*facts.shape, F, F).to(self._theta.dtype)
+        inside = torch.arange(K, device=facts.device) < self.lengths.to(facts.device).unsqueeze(-1)
+        return onehot * inside[..., None, None]
 
     @property
     def hop_marginals(self) -> Tensor:

@@ -16,7 +16,9 @@ class SemiMarkovCRF(StructuredDistribution):
     ``log_potentials[b, j, k-1, y, c]`` (shape ``[B, N, K, C, C]``) scores a segment of length ``k``
     that *ends* at position ``j`` (covers ``j-k+1..j``), labelled ``c``, following a segment labelled
     ``y``. The first segment has no predecessor and reads ``y = 0``. ``lengths[b]`` in ``1..N``.
-    ``decode()`` gives ``(start, end, label)`` segments as a tensor of labels per position ``[B, N]``.
+    ``decode()`` gives the label of every position ``[B, N]`` (-1 past each length) and
+    ``segments()`` the best segmentation as ``(first, last, label)`` triples per example. Values for
+    ``log_prob`` are one-hot parts.
     """
 
     program = semiring.program("""
@@ -29,6 +31,16 @@ class SemiMarkovCRF(StructuredDistribution):
     def decode(self) -> Tensor:
         """``[B, N]`` long: the label of every position in the best segmentation (-1 past each length)."""
         return self.labels(self.argmax)
+
+    def segments(self, parts: Tensor | None = None) -> list[list[tuple[int, int, int]]]:
+        """``(first, last, label)`` of every segment, per example, of one-hot parts ``[B, N, K, C, C]``
+        (default: the best segmentation)."""
+        parts = self.argmax if parts is None else parts
+        ends = parts.sum(-2).nonzero().tolist()  # (b, last, length - 1, label)
+        out: list[list[tuple[int, int, int]]] = [[] for _ in range(parts.shape[0])]
+        for b, last, k, label in sorted(ends):
+            out[b].append((last - k, last, label))
+        return out
 
     def labels(self, parts: Tensor) -> Tensor:
         """Per-position labels ``[..., B, N]`` of segmentations given as one-hot parts."""

@@ -95,3 +95,10 @@ def test_constructors_refuse_bad_input_naming_the_argument(argument, build):
     with pytest.raises(ValueError, match=argument):
         build()
 
+
+
+def test_log_prob_of_decoded_facts_ignores_hops_past_each_length():
+    g = torch.Generator().manual_seed(31)
+    theta = torch.randn(3, 4, 3, 3, generator=g, dtype=torch.float64)
+    chain = HopChainCRF(theta, torch.tensor([4, 2, 1]))
+    torch.testing.assert_close(chain.log_prob(chain.decode()), chain.log_prob(chain.argmax))

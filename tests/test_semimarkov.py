@@ -54,3 +54,14 @@ def test_decode_labels_every_position_of_the_best_segmentation():
         for j, k, _, c in best.nonzero().tolist():  # segment ending at j, of length k+1, labelled c
             expected[b, j - k : j + 1] = c
     assert torch.equal(crf.decode(), expected)
+
+
+def test_segments_tile_each_example_and_agree_with_the_labels():
+    g = torch.Generator().manual_seed(32)
+    crf = SemiMarkovCRF(torch.randn(3, 6, 3, 2, 2, generator=g, dtype=torch.float64), torch.tensor([6, 4, 1]))
+    labels = crf.decode()
+    for b, (segments, n) in enumerate(zip(crf.segments(), crf.lengths.tolist())):
+        assert [first for first, _, _ in segments] == [0] + [last + 1 for _, last, _ in segments[:-1]]
+        assert segments[-1][1] == n - 1
+        for first, last, label in segments:
+            assert labels[b, first : last + 1].eq(label).all()
