@@ -94,12 +94,14 @@ class StructuredDistribution:
         _, self._shapes = self.program.shapes({self._input: self._theta, **self._shared})
         return self.program.check_lengths(lengths, self._batch, self._shapes)
 
-    def _inputs(self, theta: Tensor, expand: bool = False) -> dict[str, Tensor]:
+    def _inputs(self, theta: Tensor, expand: bool = False, detach: bool = False) -> dict[str, Tensor]:
         """Every program input, in program order, for potentials ``theta`` (a batch of k·B rows for
-        k copies of the batch); with ``expand``, shared scores of batch 1 are expanded to the batch."""
+        k copies of the batch); with ``expand``, shared scores of batch 1 are expanded to the batch;
+        with ``detach``, they are cut from the graph (queries differentiated by θ alone)."""
         copies = theta.shape[0] // max(1, self._batch)
         out = {self._input: theta}
         for name, v in self._shared.items():
+            v = v.detach() if detach else v
             if v.shape[0] == self._batch and copies > 1:
                 v = v.repeat(copies, *[1] * (v.dim() - 1))
             out[name] = v.expand(theta.shape[0], *v.shape[1:]) if expand else v
@@ -128,8 +130,10 @@ class StructuredDistribution:
         return self._theta.dim() - 1
 
     def run(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
-        """Run the structure's program in ``semiring``: ``[*components, B]``."""
-        return self._run(semiring, self._inputs(self._theta if theta is None else theta), lengths)
+        """Run the structure's program in ``semiring``: ``[*components, B]``. Given potentials ``theta``
+        (a query differentiating by them), the shared scores are detached from the graph."""
+        inputs = self._inputs(self._theta) if theta is None else self._inputs(theta, detach=True)
+        return self._run(semiring, inputs, lengths)
 
     def _run(self, semiring: sr.Semiring, inputs: dict[str, Tensor], lengths: Tensor | None = None) -> Tensor:
         """Run the program on every input given (program order): ``[*components, batch]``."""
