@@ -206,7 +206,8 @@ def test_shortcut_and_contraction_paths(monkeypatch):
     assert not calls  # the shortcut settled every example
     # the contraction path finds the same trees when forced to run
     for b in range(8):
-        h = real(None, torch.where(torch.eye(41, dtype=torch.bool) | (torch.arange(41) == 0), -math.inf, s[b]).numpy())
+        w = torch.where(torch.eye(41, dtype=torch.bool) | (torch.arange(41) == 0), -math.inf, s[b])
+        h = real(None, w.T.contiguous().numpy())  # incoming layout: w.T[m, h]
         assert h[1:] == tree[b].tolist()
     # random scores: per-word best heads mostly have cycles; exactly those take the contraction path
     s = random_batch(gen, 16, 40)
@@ -258,6 +259,11 @@ def test_conventions_dtypes_and_no_mutation():
         h = max_arborescence(s.to(dt).clamp(min=-6e4))
         assert h.shape == (3, 10) and is_tree(h).all()
     assert tree_score(s, heads).dtype == torch.float32
+    # a transposed view is read, never written (the internal copy is laid out by incoming arcs)
+    t = s.transpose(1, 2).contiguous()
+    view = t.transpose(1, 2)
+    assert torch.equal(max_arborescence(view), heads)
+    assert torch.equal(t.transpose(1, 2), copy)
     # the root word of a one-word sentence
     assert max_arborescence(torch.zeros(2, 2, 2)).tolist() == [[0], [0]]
     assert max_arborescence(torch.zeros(1, 1, 1)).shape == (1, 0)

@@ -84,21 +84,32 @@ _EXCL = float(-(1 << 50))
 
 
 # ----------------------------------------------------------------------------------------------
-# input checks and weights (numpy, float64, CPU)
+# input checks and weights (numpy, CPU). Internally every array is laid out by *incoming* arcs:
+# a[b, m, h] = scores[b, h, m], so that a word's candidate heads are one contiguous row.
 # ----------------------------------------------------------------------------------------------
 
 
 def _check(scores: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np.ndarray]:
-    """Validate; return the scores as a float64 numpy copy and the lengths as int64 numpy."""
+    """Validate; return the transposed scores ``a[b, m, h]`` (a numpy copy in float32 or float64)
+    and the lengths (int64 numpy)."""
     if not isinstance(scores, Tensor) or scores.dim() != 3 or scores.shape[1] != scores.shape[2] or scores.shape[1] < 1:
         shape = list(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(f"scores: expected a tensor of shape [B, N+1, N+1], got {shape}")
     if not scores.is_floating_point():
         raise ValueError(f"scores: expected a floating-point tensor, got {scores.dtype}")
-    a = scores.detach().to("cpu", torch.float64).numpy()
-    if np.isnan(a).any():
+    t = scores.detach().cpu()
+    if t.dtype not in (torch.float16, torch.float32, torch.float64):
+        t = t.float()  # bfloat16 (and float16 below): float32 holds them exactly
+    if t.dtype == torch.float16:
+        t = t.float()
+    # a contiguous copy by incoming arcs (numpy's copy: torch's conversions are slow on a loaded CPU)
+    a = np.ascontiguousarray(np.swapaxes(t.numpy(), 1, 2))
+    if np.may_share_memory(a, t.numpy()):  # the input was a transposed view: never write into it
+        a = a.copy()
+    top = a.max() if a.size else 0.0  # NaN propagates through max
+    if math.isnan(top):
         raise ValueError("scores: NaN scores (use -inf to forbid an arc)")
-    if (a == math.inf).any():
+    if top == math.inf:
         raise ValueError("scores: +inf scores are not allowed (use -inf to forbid an arc)")
     B, n1 = a.shape[0], a.shape[1]
     if lengths is None:
@@ -113,30 +124,45 @@ def _check(scores: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np.ndarr
     return a, ln
 
 
-def _weights(a: np.ndarray, ln: np.ndarray, single_root: bool, forbidden_tier: float):
-    """The lexicographic arc weights over the padded batch.
+def _prepare(a: np.ndarray, ln: np.ndarray) -> np.ndarray:
+    """Mask, in place, the arcs that do not exist with ``-inf``; return ``forb[b]``: has a forbidden arc.
 
-    Returns ``(T, base, S, forb)``: tiers with the root penalty, tiers without, scores (0 where
-    forbidden or absent), all float64 ``[B, n1, n1]``; and ``forb[b]``, whether example ``b`` has
-    a forbidden arc. A padding word hangs from the root by an arc of tier 0 and score 0
-    and has no other arc, so it gets head 0 and never joins a cycle.
+    The arcs that do not exist: into the root, self loops, and from or into a padding word,
+    except that a padding word hangs from the root by an arc of score 0 (so it gets head 0 and
+    never joins a cycle).
     """
     B, n1, _ = a.shape
-    pos = np.arange(n1)
-    real = pos[None, :] <= ln[:, None]  # [B, n1]: the root and words 1..n
-    arcs = real[:, :, None] & real[:, None, :]
-    arcs &= (pos[:, None] != pos[None, :]) & (pos[None, :] > 0)
-    allowed = a > -math.inf
+    N = n1 - 1
+    a[:, 0, :] = -math.inf
+    a.reshape(B, n1 * n1)[:, :: n1 + 1] = -math.inf
+    for b in np.flatnonzero(ln < N).tolist():
+        L1 = int(ln[b]) + 1
+        a[b, L1:, :] = -math.inf
+        a[b, :, L1:] = -math.inf
+        a[b, L1:, 0] = 0.0
+    # an example has a forbidden arc iff it has more -inf than the masking above made
+    L = ln.astype(np.int64)
+    masked = n1 + L * (N - L) + L + N * (N - L)
+    return (a == -math.inf).sum((1, 2)) > masked
+
+
+def _tiers(w: np.ndarray, single_root: bool, forbidden_tier: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lexicographic weights of one prepared example ``w[m, h]`` ``[L+1, L+1]`` (no padding).
+
+    Returns ``(T, base, S)`` laid out like ``w``: tiers with the root penalty, tiers without
+    (exact integers in float64, ``_EXCL`` at the arcs that do not exist), and finite float64
+    scores (0 where forbidden).
+    """
+    allowed = w > -math.inf
     base = np.where(allowed, 0.0, forbidden_tier)
-    base[~arcs] = _EXCL
-    base[:, 0, :] = np.where(real, base[:, 0, :], 0.0)
-    S = np.where(allowed & arcs, a, 0.0)
-    forb = ((base != 0) & arcs).any((1, 2))
+    base[0, :] = _EXCL
+    np.fill_diagonal(base, _EXCL)
+    S = np.where(allowed, w, 0.0).astype(np.float64)
     T = base
     if single_root:
         T = base.copy()
-        T[:, 0, 1:] -= real[:, 1:]
-    return T, base, S, forb
+        T[1:, 0] -= 1.0
+    return T, base, S
 
 
 def _reach_root(f: np.ndarray) -> np.ndarray:
@@ -148,7 +174,7 @@ def _reach_root(f: np.ndarray) -> np.ndarray:
 
 
 def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> list[int]:
-    """Maximum arborescence rooted at 0 of one graph; ``W[h, m]`` over nodes ``0..n``.
+    """Maximum arborescence rooted at 0 of one graph given by incoming arcs ``W[m, h]``, nodes ``0..n``.
 
     Tarjan's (1977) dense-graph form of Edmonds' algorithm, with the expansion of Camerini et al.
     (1979). Weights are lexicographic ``(Wt, Ws)``: ``Wt`` holds exact integer tiers (``_EXCL``
@@ -172,10 +198,10 @@ def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> l
     ar = np.arange(n1)
     lex = Wt is not None
     Is = np.empty((cap, n1))
-    Is[:n1] = Ws.T  # Is[v, u]: reduced weight of the best arc from original node u into super-node v
+    Is[:n1] = Ws  # Is[v, u]: reduced weight of the best arc from original node u into super-node v
     if lex:
         It = np.empty((cap, n1))
-        It[:n1] = Wt.T
+        It[:n1] = Wt
     Im = np.empty((cap, n1), dtype=np.int64)
     Im[:n1] = ar[:, None]  # ... and the modifier (original node) of that arc
     top = ar.copy()  # original node -> the super-node it is in now
@@ -273,34 +299,55 @@ def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> l
     return fh[:n1]
 
 
-def _solve(T: np.ndarray, base: np.ndarray, S: np.ndarray, ln: np.ndarray, forb: np.ndarray, single_root: bool) -> np.ndarray:
-    """Heads ``[B, n1]`` (int64, entry 0 is 0): the shortcut where it applies, Tarjan elsewhere."""
-    B, n1, _ = T.shape
-    if B == 0:
-        return np.zeros((0, n1), dtype=np.int64)
-    # shortcut: per-word best heads without the root penalty. If they form a tree that meets the
-    # root constraint, it is the lexicographic optimum (every word has its best arc).
-    tmax = base.max(1, keepdims=True)
-    heads = np.where(base == tmax, S, -math.inf).argmax(1)
+def _shortcut(a: np.ndarray, ln: np.ndarray, single_root: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per-word best heads ``[B, n1]`` of prepared scores, and whether they are the answer.
+
+    They are when they use no forbidden arc and form a tree (with ``single_root``, one with one
+    root child): every word then has its best arc, an upper bound that the tree attains.
+    """
+    heads = a.argmax(2)
     heads[:, 0] = 0
-    ok = _reach_root(heads)
+    best = np.take_along_axis(a, heads[:, :, None], 2)[:, 1:, 0]
+    ok = (best > -math.inf).all(1) & _reach_root(heads)
     if single_root:
-        words = np.arange(n1)[None, :]
+        words = np.arange(a.shape[1])[None, :]
         ok &= ((heads == 0) & (words >= 1) & (words <= ln[:, None])).sum(1) <= 1
+    return heads, ok
+
+
+def _solve(a: np.ndarray, ln: np.ndarray, forb: np.ndarray, single_root: bool) -> np.ndarray:
+    """Heads ``[B, n1]`` (int64, entry 0 is 0) of prepared scores: shortcut, else Tarjan."""
+    B, n1, _ = a.shape
+    heads, ok = _shortcut(a, ln, single_root)
     for b in np.flatnonzero(~ok).tolist():
         L1 = int(ln[b]) + 1
+        w = a[b, :L1, :L1]
         if forb[b]:
-            h = _tarjan(T[b, :L1, :L1], S[b, :L1, :L1])
+            T, _, S = _tiers(w, single_root, -float(n1))
+            h = _tarjan(T, S)
         else:  # every arc between positions 0..n exists: no tier beyond the root penalty
-            h = _tarjan(None, np.where(base[b, :L1, :L1] == 0, S[b, :L1, :L1], -math.inf), root_last=single_root)
+            h = _tarjan(None, w.astype(np.float64), root_last=single_root)
         heads[b, :L1] = h
         heads[b, L1:] = 0
     return heads
 
 
+def _solve_lex(T: np.ndarray, base: np.ndarray, S: np.ndarray, single_root: bool) -> np.ndarray:
+    """Heads ``[P, n1]`` of problems given by lexicographic weights (no padding)."""
+    tmax = base.max(2, keepdims=True)
+    heads = np.where(base == tmax, S, -math.inf).argmax(2)
+    heads[:, 0] = 0
+    ok = _reach_root(heads)
+    if single_root:
+        ok &= (heads[:, 1:] == 0).sum(1) <= 1
+    for p in np.flatnonzero(~ok).tolist():
+        heads[p] = _tarjan(T[p], S[p])
+    return heads
+
+
 def _arc_values(M: np.ndarray, heads: np.ndarray) -> np.ndarray:
-    """``[P, n1-1]``: ``M[p, heads[p, m-1], m]`` for heads ``[P, n1-1]`` in ``0..n1-1``."""
-    return np.take_along_axis(M[:, :, 1:], heads[:, None, :], 1)[:, 0, :]
+    """``[P, n1-1]``: ``M[p, m, heads[p, m-1]]`` (incoming layout) for heads ``[P, n1-1]`` in ``0..n1-1``."""
+    return np.take_along_axis(M[:, 1:, :], heads[:, :, None], 2)[:, :, 0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -327,9 +374,8 @@ def max_arborescence(scores: Tensor, lengths: Tensor | None = None, single_root:
     Time: ``O(B n^2)`` for the shortcut check, plus ``O(n^2)`` for each example it does not settle.
     """
     a, ln = _check(scores, lengths)
-    n1 = a.shape[1]
-    T, base, S, forb = _weights(a, ln, single_root, forbidden_tier=-float(n1))
-    heads = _solve(T, base, S, ln, forb, single_root)
+    forb = _prepare(a, ln)
+    heads = _solve(a, ln, forb, single_root)
     return torch.from_numpy(np.ascontiguousarray(heads[:, 1:])).to(scores.device)
 
 
@@ -348,7 +394,7 @@ def tree_score(scores: Tensor, heads: Tensor, lengths: Tensor | None = None) -> 
     h = heads.detach().to("cpu", torch.int64).numpy()
     inside = np.arange(1, n1)[None, :] <= ln[:, None]
     bad = (inside & ((h < 0) | (h > ln[:, None]))).any(1)
-    vals = _arc_values(a, np.clip(h, 0, n1 - 1))
+    vals = _arc_values(a, np.clip(h, 0, n1 - 1)).astype(np.float64)
     total = np.where(inside, vals, 0.0).sum(1)
     total[bad] = -math.inf
     return torch.from_numpy(total).to(device=scores.device, dtype=scores.dtype)
@@ -409,39 +455,37 @@ def kbest_arborescences(
         raise ValueError(f"k: expected a positive integer, got {k!r}")
     a, ln = _check(scores, lengths)
     B, n1, _ = a.shape
+    _prepare(a, ln)
     # a forbidden arc is banned outright, like an arc banned by the partition: only valid trees
     # are enumerated. A ban outweighs any number of root children.
     ban = -float(n1 * n1)
-    T, base, S, _ = _weights(a, ln, single_root, forbidden_tier=ban)
     out_heads = np.full((k, B, n1 - 1), -1, dtype=np.int64)
     out_scores = np.full((k, B), -math.inf)
-    pos = np.arange(n1)
-
-    def solve(b: int, forced: np.ndarray, banned: np.ndarray):
-        """Best tree of example b with heads forced (``forced[m] >= 0``) and arcs banned ``[P, n1, n1]``.
-
-        Returns heads ``[P, n1]``, validity ``[P]`` and float64 scores ``[P]``.
-        """
-        off = banned | ((forced[:, None, :] >= 0) & (pos[None, :, None] != forced[:, None, :]))
-        Tc = np.where(off, np.minimum(T[b], ban), T[b])
-        bc = np.where(off, np.minimum(base[b], ban), base[b])
-        P = Tc.shape[0]
-        Sc = np.broadcast_to(S[b], Tc.shape)
-        lnb = np.full(P, ln[b])
-        h = _solve(Tc, bc, Sc, lnb, np.ones(P, dtype=bool), single_root)
-        inside = pos[None, 1:] <= ln[b]
-        tier = np.where(inside, _arc_values(Tc, h[:, 1:]), 0.0).sum(1)
-        target = -1.0 if (single_root and ln[b] > 0) else 0.0
-        sc = np.where(inside, _arc_values(Sc, h[:, 1:]), 0.0).sum(1)
-        return h, tier == target, sc
-
     counter = 0
     for b in range(B):
         L = int(ln[b])
+        L1 = L + 1
+        pos = np.arange(L1)
+        T, base, S = _tiers(a[b, :L1, :L1], single_root, ban)
+        target = -1.0 if (single_root and L > 0) else 0.0  # the tier of a valid tree
+
+        def solve(forced: np.ndarray, banned: np.ndarray):
+            """Best trees with heads forced (``forced[p, m] >= 0``) and arcs banned (``banned[p, m, h]``).
+
+            Returns heads ``[P, L1]``, validity ``[P]`` and float64 scores ``[P]``.
+            """
+            off = banned | ((forced[:, :, None] >= 0) & (pos[None, None, :] != forced[:, :, None]))
+            Tc = np.where(off, np.minimum(T, ban), T)
+            bc = np.where(off, np.minimum(base, ban), base)
+            Sc = np.broadcast_to(S, Tc.shape)
+            h = _solve_lex(Tc, bc, Sc, single_root)
+            tier = _arc_values(Tc, h[:, 1:]).sum(1)
+            return h, tier == target, _arc_values(Sc, h[:, 1:]).sum(1)
+
         heap: list = []
-        f0 = np.full((1, n1), -1, dtype=np.int64)
-        z0 = np.zeros((1, n1, n1), dtype=bool)
-        h, v, sc = solve(b, f0, z0)
+        f0 = np.full((1, L1), -1, dtype=np.int64)
+        z0 = np.zeros((1, L1, L1), dtype=bool)
+        h, v, sc = solve(f0, z0)
         if v[0]:
             heap.append((-float(sc[0]), counter, h[0], f0[0], z0[0]))
             counter += 1
@@ -449,12 +493,13 @@ def kbest_arborescences(
             if not heap:
                 break
             negs, _, h, fo, ba = heapq.heappop(heap)
-            out_heads[r, b] = h[1:]
+            out_heads[r, b, :L] = h[1:]
+            out_heads[r, b, L:] = 0
             out_scores[r, b] = -negs
             if r == k - 1:
                 break
             # split the rest of this subspace: free arc i of the tree banned, free arcs before it forced
-            free = np.flatnonzero(fo[1 : L + 1] < 0) + 1
+            free = np.flatnonzero(fo[1:] < 0) + 1
             P = free.size
             if P == 0:
                 continue
@@ -462,8 +507,8 @@ def kbest_arborescences(
             tri = np.tril(np.ones((P, P), dtype=bool), -1)  # [i, j]: j < i, arc j forced in child i
             fc[:, free] = np.where(tri, h[free][None, :], fc[:, free])
             bc = np.repeat(ba[None], P, 0)
-            bc[np.arange(P), h[free], free] = True
-            hc, vc, scc = solve(b, fc, bc)
+            bc[np.arange(P), free, h[free]] = True
+            hc, vc, scc = solve(fc, bc)
             for i in np.flatnonzero(vc).tolist():
                 heapq.heappush(heap, (-float(scc[i]), counter, hc[i], fc[i], bc[i]))
                 counter += 1

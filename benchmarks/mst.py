@@ -1,0 +1,177 @@
+"""Spanning-tree decoding: ours against a networkx loop and SuPar's MST decoding (B=16, n=128).
+
+    python -m benchmarks.mst [--repeat 11] [--threads 2] [--quick] [--only normal]
+
+Inputs (``scores[b, h, m]``, head first, position 0 the root; B = 16, n = 128, float32):
+
+* ``normal``: standard normal scores. The per-word best heads almost surely have a cycle, so
+  every example goes through the contraction algorithm.
+* ``planted``: a random tree's arcs get +6 over standard normal noise, as a trained parser's
+  scores would; the per-word best heads form that tree (the shortcut answers).
+* ``hard``: nested cycles (each contraction creates the next cycle: n - 1 contractions per tree)
+  under a random relabelling of the words, plus small noise; no shortcut.
+
+Each in both root modes. Peers:
+
+* ``networkx``: a Python loop building a ``DiGraph`` per example and calling
+  ``maximum_spanning_arborescence`` (graph building is part of the cost). For the single root it
+  is given the root arcs lowered by ``c = 1 + n (max - min)`` (Stanojevic & Cohen 2021), which
+  makes its answer single-rooted and exact.
+* ``supar``: ``supar.structs.fn.mst`` (SuPar 1.1.4; it takes ``[b, dependent, head]``, so it gets
+  the transpose, made contiguous outside the timed region). Its single-root mode re-runs
+  Chu-Liu-Edmonds once per root child of the multi-root tree, which is not exact: the table
+  counts the examples where its tree scores below ours.
+
+Before timing, every tree is checked: ours against networkx's tree score (equal within 1e-6).
+Prints the table and the ratios (peer time / our time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import warnings
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: python benchmarks/mst.py
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import fmt_ms, machine_info, markdown_table, seed_all, setup, time_round_robin  # noqa: E402
+from structures.decode import is_tree, max_arborescence, tree_score  # noqa: E402
+
+B, N = 16, 128
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+def make_scores(kind: str, b: int = B, n: int = N, seed: int = 0) -> torch.Tensor:
+    seed_all(seed)
+    if kind == "normal":
+        return torch.randn(b, n + 1, n + 1)
+    if kind == "planted":
+        s = torch.randn(b, n + 1, n + 1)
+        for i in range(b):
+            order = (torch.randperm(n) + 1).tolist()
+            for j, m in enumerate(order):
+                h = 0 if j == 0 else order[int(torch.randint(0, j, ()))]
+                s[i, h, m] += 6.0
+        return s
+    if kind == "hard":
+        s = torch.full((b, n + 1, n + 1), -20.0)
+        s[:, 0, 1:] = -5.0
+        s[:, 2, 1] = 10.0
+        for m in range(2, n + 1):
+            s[:, m - 1, m] = 10.0
+            s[:, m, m - 1] = 5.0
+        s += 1e-3 * torch.randn(b, n + 1, n + 1)
+        for i in range(b):  # relabel the words
+            perm = torch.cat([torch.zeros(1, dtype=torch.long), torch.randperm(n) + 1])
+            s[i] = s[i][perm][:, perm]
+        return s
+    raise ValueError(kind)
+
+
+# ---------------------------------------------------------------------------- peers
+
+
+def networkx_loop(scores: torch.Tensor, single_root: bool) -> torch.Tensor:
+    import networkx as nx
+
+    b, n1, _ = scores.shape
+    out = torch.zeros(b, n1 - 1, dtype=torch.long)
+    s = scores.double()
+    for i in range(b):
+        w = s[i].clone()
+        if single_root:
+            w[0, 1:] -= 1.0 + (n1 - 1) * float(w.max() - w.min())
+        w = w.tolist()
+        G = nx.DiGraph()
+        G.add_weighted_edges_from((h, m, w[h][m]) for h in range(n1) for m in range(1, n1) if h != m)
+        A = nx.maximum_spanning_arborescence(G)
+        for h, m in A.edges():
+            out[i, m - 1] = h
+    return out
+
+
+def load_supar():
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from supar.structs.fn import mst
+        return mst
+    except Exception as e:  # noqa: BLE001 - an optional peer
+        print(f"supar: not available ({type(e).__name__}: {e}); skipped", file=sys.stderr)
+        return None
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=11, help="timed rounds (slow peers stop after ~40 s, at least 3)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="3 rounds, n = 64 (a smoke run)")
+    p.add_argument("--only", help="run the rows whose name contains this (e.g. 'normal', 'single')")
+    p.add_argument("--no-networkx", action="store_true", help="skip the networkx loop (about 15 s a call)")
+    args = p.parse_args(argv)
+    setup(args.threads)
+    n = 64 if args.quick else N
+    repeat = 3 if args.quick else args.repeat
+    mst = load_supar()
+    info = machine_info()
+    print("\n".join(f"- {k}: {v}" for k, v in info.items()))
+    print(f"- B = {B}, n = {n}, float32 scores; times are medians (round-robin), ratios = peer / ours\n")
+    headers = ["input", "root", "ours ms", "networkx ms", "supar ms", "networkx / ours", "supar / ours",
+               "shortcut", "supar worse"]
+    rows = []
+    for kind in ("normal", "planted", "hard"):
+        for single in (False, True):
+            name = f"{kind} {'single' if single else 'multi'}"
+            if args.only and args.only not in name:
+                continue
+            s = make_scores(kind, n=n)
+            s_supar = s.transpose(1, 2).contiguous()
+            mask = torch.ones(B, n + 1, dtype=torch.bool)
+            mask[:, 0] = False
+            fns = {"ours": lambda s=s, single=single: max_arborescence(s, single_root=single)}
+            ours = fns["ours"]()
+            assert is_tree(ours, single_root=single).all()
+            ours_score = tree_score(s.double(), ours)
+            if not args.no_networkx:
+                fns["networkx"] = lambda s=s, single=single: networkx_loop(s, single)
+                ref = fns["networkx"]()
+                ref_score = tree_score(s.double(), ref)
+                assert torch.allclose(ours_score, ref_score, atol=1e-6, rtol=0), (name, ours_score, ref_score)
+            worse = "-"
+            if mst is not None:
+                fns["supar"] = lambda s=s_supar, single=single: mst(s, mask, multiroot=not single)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    theirs = fns["supar"]()[:, 1:]
+                    theirs_score = tree_score(s.double(), theirs)
+                assert (theirs_score <= ours_score + 1e-6).all()
+                worse = f"{int((theirs_score < ours_score - 1e-6).sum())}/{B}"
+            # the shortcut: examples whose per-word best heads already form a valid tree
+            best = s.masked_fill(torch.eye(n + 1, dtype=torch.bool), -math.inf)[:, :, 1:].argmax(1)
+            ok = is_tree(best, single_root=single)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t = time_round_robin(fns, repeat=repeat, warmup=1, min_repeat=3, budget_s=60.0)
+            get = lambda k: t[k].median if k in t else None  # noqa: E731
+            ratio = lambda k: f"{get(k) / get('ours'):.0f}x" if k in t else "-"  # noqa: E731
+            rows.append([kind, "single" if single else "multi", fmt_ms(get("ours")),
+                         fmt_ms(get("networkx")) if "networkx" in t else "-",
+                         fmt_ms(get("supar")) if "supar" in t else "-",
+                         ratio("networkx"), ratio("supar"), f"{int(ok.sum())}/{B}", worse])
+            print(f"{name}: " + ", ".join(f"{k} {fmt_ms(v.median)} ms ({v.runs} runs)" for k, v in t.items()), flush=True)
+    print()
+    print(markdown_table(headers, rows, "llrrrrrrr"))
+
+
+if __name__ == "__main__":
+    main()
