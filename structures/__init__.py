@@ -4,10 +4,11 @@ from .chain import LinearChainCRF
 from .distribution import StructuredDistribution
 from .emission import EmissionCRF
 from .hops import HopChainCRF
+from .nonprojective import NonProjectiveDependencyCRF
 from .projective import ProjectiveDependencyCRF
 from .semimarkov import SemiMarkovCRF
 
 __all__ = [
-    "EmissionCRF", "HopChainCRF", "LinearChainCRF", "ProjectiveDependencyCRF", "SemiMarkovCRF",
+    "EmissionCRF", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SemiMarkovCRF",
     "StructuredDistribution",
 ]

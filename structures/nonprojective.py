@@ -1,0 +1,883 @@
+"""The non-projective dependency CRF: the matrix-tree theorem, exactly (Koo et al. 2007; the
+structured attention of Bisk & Tran 2018 and Liu & Lapata 2018).
+
+Not a dynamic program: the class registers one algorithm per semiring (see :meth:`run`).
+
+Numerics (the point of this module)
+-----------------------------------
+Every score is shifted by its column's (its dependent's) max, which changes each tree's score by
+the same constant (every word has exactly one head), so the arc weights ``W = exp(θ - c)`` lie in
+``[0, 1]`` with a 1 in every column. Then, per example:
+
+1. **Fast path** (float64, LAPACK): LU of the Laplacian, ``log Z`` from its pivots, ``X = M^{-1}``
+   and Koo et al.'s formulas for the marginals (single root: the Laplacian of the words rooted at
+   one word ``c0`` and a rank-one correction). It is kept only where an *a-posteriori bound* of
+   its error, computed from the factors at ``O(n^2)`` cost (:func:`_fast`), certifies that
+   ``log Z`` and every marginal are within ``_TOL = 1e-9`` (absolute) of the exact values. LU of
+   an M-matrix has backward error ``|E| <= γ |L||U|``; the bound propagates it through ``X`` with
+   the column sums of ``|L||U|`` and the row maxima and absorption times of ``X``. At large score
+   scales the pivots cancel, the bound explodes, and the example moves on:
+2. **Exact path** (:mod:`structures._matrix_tree`): subtraction-free elimination
+   (Grassmann–Taksar–Heyman) in float64, blocked, with the marginals from leave-one-out
+   eliminations instead of Koo's cancelling difference; every quantity is a sum of products of
+   non-negative numbers, so the relative error is a small multiple of ``n u`` whatever the scale.
+   Its range check (no inverse entry above 1e280, no pivot below 1e-280) sends the rare example
+   whose cycles outweigh its trees by more than ~e^640 to
+3. **Log space** (same code, log-sum-exp arithmetic): no range limit.
+
+Single root without a strongly connected word graph (``-inf`` arcs) is computed by conditioning
+on the root's child (one multi-root problem per candidate).
+
+Padding words are isolated nodes hanging from the root with weight 1: they contribute exactly
+``log 1 = 0`` and exact zeros to every product, so an example's log-partition does not depend on
+the padding (up to float64 rounding of differently blocked sums).
+
+Second derivatives (the backward of the marginals) use the matrix-tree formula in float64
+(``torch.linalg``), not the exact path: accurate at moderate scales only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+import semiring as sr
+from semiring.semirings import CountSemiring, KMax, LogSemiring, MaxSemiring, RealSemiring, SampledSemiring
+
+from . import _matrix_tree as mt
+from .distribution import StructuredDistribution, _inner
+
+_TOL = 1e-9  # certified absolute error of the fast path (log Z and every marginal)
+_U = 2.0**-53
+_RANGE = 1e280  # the linear exact path's range check
+
+__all__ = ["NonProjectiveDependencyCRF"]
+
+
+# ======================================================================================= helpers
+
+
+def _masks(N: int, lengths: Tensor, device) -> tuple[Tensor, Tensor]:
+    """``valid [B, N+1, N+1]`` (arcs h -> m of real words, h != m) and ``real [B, N]`` (real words)."""
+    pos = torch.arange(N + 1, device=device)
+    inside = pos <= lengths.to(device)[:, None]  # root and words 1..n
+    valid = inside[:, :, None] & inside[:, None, :] & (pos[:, None] != pos[None, :]) & (pos[None, :] > 0)
+    return valid, inside[:, 1:]
+
+
+def _shift(theta: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """``(θ - c masked to valid arcs (-inf elsewhere), c [B, N])``: c the max score of each column."""
+    th = theta.masked_fill(~valid, -math.inf)
+    c = th[:, :, 1:].amax(1)
+    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+    return th - torch.cat([torch.zeros_like(c[:, :1]), c], 1)[:, None, :], c
+
+
+def _closure(adj: Tensor) -> Tensor:
+    """Reflexive-transitive closure of boolean ``adj [B, n, n]`` (``R[i, j]``: a path i -> j)."""
+    n = adj.shape[-1]
+    R = (adj | torch.eye(n, dtype=torch.bool, device=adj.device)).double()
+    for _ in range(max(1, (n - 1).bit_length())):
+        R = ((R @ R) > 0).double()
+    return R > 0
+
+
+def _feasibility(logW: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    """``(feasible [B], connected [B])``: some tree has finite score; (single root) the words'
+    graph is strongly connected, so that every word can be the root's child."""
+    B = logW.shape[0]
+    fin = torch.isfinite(logW)
+    valid_fin = fin[:, :, 1:]
+    # fast answer when no real arc is forbidden
+    real_arcs = torch.cat([real[:, None, :].expand(B, 1, -1), real[:, :, None] & real[:, None, :]], 1)
+    eye = torch.eye(real.shape[1], dtype=torch.bool, device=real.device)
+    real_arcs[:, 1:] &= ~eye
+    full = (valid_fin | ~real_arcs).all(2).all(1)
+    feasible = full.clone()
+    connected = full.clone()
+    if bool(full.all()):
+        return feasible, connected
+    rows = (~full).nonzero().squeeze(1)
+    R = _closure(fin[rows, 1:, 1:])  # words -> words
+    pad = ~real[rows]
+    reach_all = (R | pad[:, None, :]).all(2) & real[rows]  # word c reaches every real word
+    if single_root:
+        feasible[rows] = (reach_all & fin[rows, 0, 1:]).any(1)
+        connected[rows] = (reach_all | pad).all(1)
+    else:
+        from_root = (fin[rows, 0, 1:].double()[:, None, :] @ R.double())[:, 0] > 0
+        feasible[rows] = (from_root | pad).all(1)
+        connected[rows] = feasible[rows]
+    return feasible, connected
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# ======================================================================================= fast path
+
+
+def _lu_bounds(LU: Tensor, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``φ >=`` the column sums of ``|L||U|``, the row maxima of ``X`` and ``τ' = φ^T X``.
+
+    Without row exchanges, the LU factors of a column diagonally dominant M-matrix have ``U > 0``
+    on the diagonal, ``U <= 0`` above it, and columns of ``L`` (below the unit diagonal) of
+    absolute sum at most 1 (every Schur complement stays column diagonally dominant); so
+    ``φ_j = 2 Σ_k |U_kj| = 2 (2 U_jj - Σ_{k<=j} U_kj)``. ``X`` is the inverse of an M-matrix:
+    its largest entry in row m is ``X_mm`` (``X_mh / X_mm`` is the probability that h reaches m)."""
+    n = LU.shape[-1]
+    pos = torch.arange(n, device=LU.device)
+    upper = (pos[:, None] <= pos[None, :]).to(LU.dtype)
+    d = LU.diagonal(dim1=-2, dim2=-1)
+    phi = 2.0 * (2.0 * d - (LU * upper).sum(1))
+    rowmax = X.diagonal(dim1=-2, dim2=-1) * (1.0 + 1e-6)
+    tau = (phi[:, None, :] @ X)[:, 0]
+    return phi, rowmax, tau
+
+
+def _lu_inverse(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(LU, X, logdet, ok)`` with LAPACK (``M`` is overwritten by its factors); ok where no row
+    was exchanged and every pivot is > 0."""
+    B, n, _ = M.shape
+    piv = torch.empty(B, n, dtype=torch.int32, device=M.device)
+    info = torch.empty(B, dtype=torch.int32, device=M.device)
+    LU, piv, info = torch.linalg.lu_factor_ex(M, out=(M, piv, info))
+    diag = LU.diagonal(dim1=-2, dim2=-1)
+    ok = (info == 0) & (piv == torch.arange(1, n + 1, dtype=piv.dtype, device=piv.device)).all(1) & (diag > 0).all(1)
+    eye = torch.eye(n, dtype=M.dtype, device=M.device).expand_as(M)
+    X = torch.linalg.lu_solve(LU, piv, eye)
+    logdet = diag.clamp_min(1e-300).log().sum(1)
+    return LU, X, logdet, ok
+
+
+def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Koo et al.'s formulas in float64 with LAPACK, and a certificate: ``(log Z(W), μ, ok [B])``,
+    ``ok`` where ``log Z`` and every marginal are certified within ``_TOL`` (absolute).
+
+    Error analysis (first order; where the certificate passes the second-order terms are of the
+    order of ``_TOL``^2): LU without row exchanges and the triangular solves give every column of
+    ``X`` as the exact inverse of ``M + E`` with ``|E| <= γ |L||U|``, ``γ = 4 n u`` (Higham,
+    Thm. 9.3 and 8.5); so ``|ΔX_mh| <= γ (X |L||U| X)_mh <= γ rowmax(X)_m τ'_h`` with ``τ' = φ^T X``
+    and ``φ`` the column sums of ``|L||U|`` (:func:`_lu_bounds`), and ``|Δ log det| <= γ Σ_j
+    rowmax_j φ_j``. These are propagated through Koo's formulas with ``W <= 1`` (shifted columns),
+    plus the rounding of the formulas themselves. ``O(n^2)`` work besides LAPACK.
+    """
+    B, N1, _ = W.shape
+    n = N1 - 1
+    pad = ~real
+    Ww = W[:, 1:, 1:]
+    r = W[:, 0, 1:]
+    gam = 4.0 * n * _U
+    mu = W.new_empty(B, N1, N1)
+    mu[:, :, 0] = 0.0
+    words = mu[:, 1:, 1:]
+    if not single_root:
+        M = Ww.neg()
+        M.diagonal(dim1=-2, dim2=-1).copy_(W[:, :, 1:].sum(1) + pad)
+        LU, X, logdet, ok = _lu_inverse(M)
+        dX = X.diagonal(dim1=-2, dim2=-1)
+        torch.mul(r, dX, out=mu[:, 0, 1:])
+        torch.sub(dX[:, None, :], X.mT, out=words)
+        words.mul_(Ww).clamp_min_(0.0)
+        phi, rowmax, tau = _lu_bounds(LU, X)
+        err_z = gam * (rowmax * phi).sum(1) + 4 * n * _U * logdet.abs()
+        err_mu = rowmax * (gam * (tau + tau.amax(1, keepdim=True)) + 4 * _U)
+        logZ = logdet
+    else:
+        # the words rooted at c0 (its out-arcs are the margins), then every root by a rank-one
+        # correction: T_c / T_c0 = v_c with K v = W[:, c0] (the kernel of the words' Laplacian)
+        pop = Ww.sum(2).masked_fill(pad, -1.0)
+        c0 = pop.argmax(1)
+        rows = torch.arange(B, device=W.device)
+        at0 = torch.nn.functional.one_hot(c0, n).bool()  # [B, n]
+        keep = (~at0).double()
+        K = Ww.neg()
+        K.diagonal(dim1=-2, dim2=-1).copy_(Ww.sum(1) + pad)
+        K[rows, c0, :] = 0.0
+        K[rows, :, c0] = 0.0
+        K[rows, c0, c0] = 1.0
+        LU, X, logdet, ok = _lu_inverse(K)
+        w_in = Ww[rows, :, c0] * keep  # arcs into c0
+        rr = r * keep
+        r0 = r[rows, c0]
+        v = (X @ w_in[:, :, None])[:, :, 0] * keep + at0.double()
+        u = (rr[:, None, :] @ X)[:, 0]  # r^T X (0 at c0)
+        q = r0 + (u * w_in).sum(1)
+        dX = X.diagonal(dim1=-2, dim2=-1)
+        qc = q[:, None]
+        vq = v / qc
+        torch.mul(r, vq, out=mu[:, 0, 1:])
+        torch.sub(dX[:, None, :], X.mT, out=words)
+        words.addcmul_(vq[:, None, :], u[:, :, None] - u[:, None, :])
+        words.mul_(Ww)
+        words[rows, :, c0] = Ww[rows, :, c0] * u / qc
+        words.clamp_min_(0.0)
+        phi, rowmax, tau = _lu_bounds(LU, X)
+        sig_w = (tau * w_in).sum(1, keepdim=True)
+        rho_r = (rr * rowmax).sum(1, keepdim=True)
+        dv = gam * rowmax * sig_w
+        du = gam * rho_r * tau
+        dq = gam * rho_r * sig_w
+        umax = u.amax(1, keepdim=True)
+        dumax = du.amax(1, keepdim=True)
+        taumax = tau.amax(1, keepdim=True)
+        err_w = (rowmax * (gam * (tau + taumax) + 4 * _U)
+                 + (dv * (umax + u) + v * (dumax + du)) / qc
+                 + v * (umax + u) * (dq / qc + 4 * _U) / qc)
+        err_c0 = (dumax + umax * (dq / qc + 4 * _U)) / qc
+        err_root = r * (dv + v * (dq / qc + 4 * _U)) / qc
+        err_mu = torch.maximum(torch.where(at0, err_c0.expand_as(err_w), err_w), err_root)
+        err_z = gam * (rowmax * phi).sum(1) + dq[:, 0] / q + 4 * n * _U * (logdet.abs() + q.log().abs())
+        logZ = logdet + q.log()
+    err_mu = err_mu.masked_fill(pad, 0.0).amax(1)
+    # rowmax and tau are NaN or inf wherever X is, so the bounds also catch a failed inverse
+    ok &= torch.isfinite(logZ) & (err_z <= _TOL) & (err_mu <= _TOL)
+    return logZ, mu, ok
+
+
+# ======================================================================================= exact path
+
+
+def _exact(logW: Tensor, real: Tensor, single_root: bool, ops) -> tuple[Tensor, Tensor, Tensor]:
+    """Subtraction-free ``(log Z(W), μ, ok)`` of every example (single root: the word graph must be
+    strongly connected). ``ok``: the linear backend's range check (always True in log space)."""
+    B, N1, _ = logW.shape
+    n = N1 - 1
+    n2 = _pow2(n)
+    lin = ops is mt.LIN
+    W = logW.exp() if lin else logW
+    one, zero = (1.0, 0.0) if lin else (0.0, -math.inf)
+    A = torch.full((B, n2, n2), zero, dtype=W.dtype, device=W.device)
+    A[:, :n, :n] = W[:, 1:, 1:]
+    pad = torch.ones(B, n2, dtype=torch.bool, device=W.device)
+    pad[:, :n] = ~real
+    root = torch.full((B, n2), zero, dtype=W.dtype, device=W.device)
+    root[:, :n] = W[:, 0, 1:]
+    if single_root:
+        g = torch.full_like(root, zero).masked_fill(pad, one)
+        s = root.masked_fill(pad, zero)
+    else:
+        g = root.masked_fill(pad, one)
+        s = None
+    out = mt.leave_one_out(A, g, s, ops, live=~pad)
+    beta = out["beta"][:, :n, :n]  # [m, h]
+    # numerators of the head distribution of every word m: root W_0m, word h: W_hm beta[m, h]
+    num = torch.cat([W[:, 0:1, 1:], ops.mul(W[:, 1:, 1:], beta.transpose(-1, -2))], 1)
+    den = ops.colsum(num)  # [B, n]
+    mu = ops.div(num, den[:, None, :])
+    if not lin:
+        mu = mu.exp()
+    mu = torch.cat([torch.zeros_like(mu[:, :, :1]), mu.masked_fill(~real[:, None, :], 0.0)], 2)
+    if single_root:
+        logT = out["logminor"][:, :n] if lin else out["logminor"][:, :n]
+        lw0 = W[:, 0, 1:].log() if lin else W[:, 0, 1:]
+        logZ = torch.logsumexp((lw0 + logT).masked_fill(~real, -math.inf), 1)
+    else:
+        logZ = out["logminor"][:, 0] + ops.log(out["margin"][:, 0])
+    ok = torch.isfinite(logZ) & torch.isfinite(mu).flatten(1).all(1)
+    if lin:
+        dmin = den.masked_fill(~real, 1.0).amin(1)
+        ok &= (out["ymax"] <= _RANGE) & (out["low"] >= 1 / _RANGE) & (dmin >= 1 / _RANGE)
+        if not single_root:
+            ok &= out["margin"][:, 0] >= 1 / _RANGE
+    return logZ, mu, ok
+
+
+def _conditioned_on_root_child(logW: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
+    """Single root by conditioning on the root's child c: one multi-root problem per (example, c)
+    whose only root arc is the one to c. ``O(n)`` multi-root problems per example."""
+    B, N1, _ = logW.shape
+    n = N1 - 1
+    cand = torch.isfinite(logW[:, 0, 1:]) & real  # [B, n]
+    bs, cs = cand.nonzero(as_tuple=True)
+    logZ = torch.full((B,), -math.inf, dtype=logW.dtype, device=logW.device)
+    mu = torch.zeros_like(logW)
+    if bs.numel() == 0:
+        return logZ, mu
+    sub = logW[bs].clone()
+    keep = torch.nn.functional.one_hot(cs + 1, N1).bool()
+    sub[:, 0, :] = sub[:, 0, :].masked_fill(~keep, -math.inf)
+    z, m = _solve(sub, real[bs], single_root=False, fast=True)
+    z = z.masked_fill(~torch.isfinite(z), -math.inf)
+    zz = torch.full((B, n), -math.inf, dtype=logW.dtype, device=logW.device)
+    zz[bs, cs] = z
+    logZ = torch.logsumexp(zz, 1)
+    w = torch.where(torch.isfinite(z), (z - logZ[bs]).exp(), torch.zeros_like(z))
+    mu.index_add_(0, bs, m * w[:, None, None])
+    return logZ, mu
+
+
+def _solve(logW: Tensor, real: Tensor, single_root: bool, fast: bool = True, info: dict | None = None):
+    """``(log Z(W), μ)`` for column-shifted log-weights ``logW [B, N+1, N+1]`` (-inf off the valid
+    arcs), float64; every example through the cheapest path that is certified or exact."""
+    B = logW.shape[0]
+    logZ = torch.full((B,), -math.inf, dtype=logW.dtype, device=logW.device)
+    mu = torch.zeros_like(logW)
+    method = ["none"] * B
+    feasible, connected = _feasibility(logW, real, single_root)
+    todo = (feasible & connected).nonzero().squeeze(1)
+    if fast and todo.numel():
+        z, m, ok = _fast(logW[todo].exp(), real[todo], single_root)
+        good = todo[ok]
+        logZ[good], mu[good] = z[ok], m[ok]
+        for i in good.tolist():
+            method[i] = "fast"
+        todo = todo[~ok]
+    for ops in (mt.LIN, mt.LOG):
+        if not todo.numel():
+            break
+        z, m, ok = _exact(logW[todo], real[todo], single_root, ops)
+        good = todo[ok]
+        logZ[good], mu[good] = z[ok], m[ok]
+        for i in good.tolist():
+            method[i] = ops.name
+        todo = todo[~ok]
+    if todo.numel():  # cannot happen in log space; kept as a guard
+        raise FloatingPointError("NonProjectiveDependencyCRF: the exact matrix-tree computation failed")
+    cond = (feasible & ~connected).nonzero().squeeze(1)
+    if cond.numel():
+        z, m = _conditioned_on_root_child(logW[cond], real[cond])
+        logZ[cond], mu[cond] = z, m
+        for i in cond.tolist():
+            method[i] = "conditioned"
+    if info is not None:
+        info["method"] = method
+    return logZ, mu
+
+
+def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_root: bool, fast: bool = True,
+                                info: dict | None = None) -> tuple[Tensor, Tensor]:
+    """``(log Z [B], μ [B, N+1, N+1])`` in float64, exactly (see the module doc). ``fast=False``
+    skips the certified LAPACK path; ``info['method']`` tells, per example, which path answered
+    (``fast``, ``lin``, ``log``, ``conditioned`` or ``none`` where no tree exists)."""
+    x = theta.detach()
+    B, N1, _ = x.shape
+    N = N1 - 1
+    dev = x.device
+    full = lengths is None or bool((lengths == N).all())
+    if full:
+        # every example full: the arcs that do not exist are the diagonal and column 0. The column
+        # maxima are taken on the input as is (exact in any dtype) and redone without the diagonal
+        # only where the diagonal is a maximum; the shifted weights are computed in float64 in one
+        # pass (type promotion), and the diagonal and column 0 are zeroed afterwards.
+        real = torch.ones(B, N, dtype=torch.bool, device=dev)
+        c = x[:, :, 1:].amax(1)
+        on_diag = x[:, 1:, 1:].diagonal(dim1=-2, dim2=-1) >= c
+        if bool(on_diag.any()):
+            bs, ms = on_diag.nonzero(as_tuple=True)
+            cols = x[bs, :, ms + 1].clone()  # [K, N+1]: the columns whose max may be the diagonal
+            cols[torch.arange(bs.numel(), device=dev), ms + 1] = -math.inf
+            c = c.index_put((bs, ms), cols.amax(1))
+        c = c.to(torch.float64)
+        valid = None
+    else:
+        valid, real = _masks(N, lengths, dev)
+        c = x[:, :, 1:].masked_fill(~valid[:, :, 1:], -math.inf).amax(1).to(torch.float64)
+    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # padding words and words without heads
+    c1 = torch.cat([c.new_zeros(B, 1), c], 1)[:, None, :]
+    csum = c.sum(1)
+
+    def shifted(rows: Tensor | None = None) -> Tensor:
+        """θ - c in float64, -inf on the arcs that do not exist."""
+        xr, cr = (x, c1) if rows is None else (x[rows], c1[rows])
+        out = torch.sub(xr, cr)  # float64 by type promotion (cr is float64)
+        if valid is None:
+            out.diagonal(dim1=-2, dim2=-1).fill_(-math.inf)
+            out[:, :, 0] = -math.inf
+        else:
+            out.masked_fill_(~(valid if rows is None else valid[rows]), -math.inf)
+        return out
+
+    if fast:
+        z, m, ok = _fast(shifted().exp_(), real, single_root)
+        if bool(ok.all()):
+            if info is not None:
+                info["method"] = ["fast"] * B
+            return z + csum, m
+        logZ = torch.where(ok, z, torch.zeros_like(z))
+        mu = m * ok[:, None, None]
+        rows = (~ok).nonzero().squeeze(1)
+        method = ["fast" if x else "" for x in ok.tolist()]
+    else:
+        logZ = c.new_zeros(B)
+        mu = c.new_zeros(B, N1, N1)
+        rows = torch.arange(B, device=dev)
+        method = [""] * B
+    sub: dict = {}
+    z, m = _solve(shifted(rows), real[rows], single_root, False, sub)
+    logZ[rows], mu[rows] = z, m
+    for i, name in zip(rows.tolist(), sub["method"]):
+        method[i] = name
+    if info is not None:
+        info["method"] = method
+    return logZ + csum, mu
+
+
+# ======================================================================================= autograd
+
+
+def _laplacian(W: Tensor, real: Tensor, single_root: bool) -> Tensor:
+    """The (differentiable) matrix of the matrix-tree theorem: multi-root ``L + diag(r)``, single
+    root Koo et al.'s first row replaced by the root scores; padding words are identity rows."""
+    Ww = W[:, 1:, 1:]
+    padI = torch.diag_embed((~real).to(W.dtype))
+    if not single_root:
+        return torch.diag_embed(W[:, :, 1:].sum(1)) - Ww + padI
+    L = torch.diag_embed(Ww.sum(1)) - Ww + padI
+    return torch.cat([W[:, 0:1, 1:], L[:, 1:]], 1)
+
+
+def _hessian_vector(theta: Tensor, mu: Tensor, G: Tensor, lengths: Tensor, single_root: bool) -> Tensor:
+    """``H G`` (H = ∂μ/∂θ, the covariance of the arcs): ``G ⊙ μ`` with the exact μ, plus the rest of
+    the derivative of ``⟨G, μ⟩`` by torch's ``logdet`` (float64). Differentiable when grad mode is on."""
+    higher = torch.is_grad_enabled()
+    N = theta.shape[-1] - 1
+    valid, real = _masks(N, lengths, theta.device)
+    alive = mu.detach().flatten(1).sum(1) > 0
+    with torch.enable_grad():
+        th = theta.to(torch.float64) if higher else theta.detach().to(torch.float64).requires_grad_()
+        if not th.requires_grad:
+            th = th.requires_grad_()
+        c = _shift(th.detach(), valid)[1]
+        cc = torch.cat([torch.zeros_like(c[:, :1]), c], 1)[:, None, :]
+        W = (th.masked_fill(~valid, -math.inf) - cc).exp()
+        W = torch.where(alive[:, None, None], W, valid.to(W.dtype))  # no tree: any non-singular stand-in
+        ld = torch.linalg.slogdet(_laplacian(W, real, single_root))[1]
+        (m_lin,) = torch.autograd.grad(ld.sum(), th, create_graph=True)
+        G64 = G.to(torch.float64)
+        (hv,) = torch.autograd.grad((m_lin * G64).sum(), th, create_graph=higher)
+        rest = hv - G64 * m_lin
+    out = G64 * mu.to(torch.float64) + rest
+    out = out * (valid & alive[:, None, None])
+    return out.to(theta.dtype)
+
+
+class _Marginals(torch.autograd.Function):
+    """μ(θ) with a precomputed exact value; backward = the Hessian-vector product."""
+
+    @staticmethod
+    def forward(ctx, theta, mu64, lengths, single_root):
+        out = mu64.to(theta.dtype) if mu64.dtype != theta.dtype else mu64.clone()
+        ctx.save_for_backward(theta, out)
+        ctx.lengths, ctx.single_root = lengths, single_root
+        return out
+
+    @staticmethod
+    def backward(ctx, G):
+        theta, mu = ctx.saved_tensors
+        return _hessian_vector(theta, mu, G, ctx.lengths, ctx.single_root), None, None, None
+
+
+class _LogPartition(torch.autograd.Function):
+    """log Z(θ) with a precomputed exact value; gradient = the exact marginals (differentiable)."""
+
+    @staticmethod
+    def forward(ctx, theta, logZ64, mu64, lengths, single_root):
+        ctx.save_for_backward(theta)
+        ctx.mu, ctx.lengths, ctx.single_root = mu64, lengths, single_root
+        return logZ64.to(theta.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        (theta,) = ctx.saved_tensors
+        mu = _Marginals.apply(theta, ctx.mu, ctx.lengths, ctx.single_root)
+        if not torch.is_grad_enabled() and bool((g == 1).all()):
+            return mu, None, None, None, None  # the marginals themselves (no copy)
+        return g[:, None, None] * mu, None, None, None, None
+
+
+# ======================================================================================= sampling
+
+
+def _wilson_steps(W: Tensor, real: Tensor) -> Tensor:
+    """Expected number of random-walk steps of Wilson's algorithm, multi-root graph of ``W``
+    (column-normalised, float64): ``tr (I - P)^{-1} = Σ_m d_m X_mm`` (Marchal 2000). ``inf`` where
+    it cannot be computed. A deterministic function of the input, used only to choose a sampler."""
+    Ww = W[:, 1:, 1:]
+    d = W[:, :, 1:].sum(1) + (~real).double()
+    M = torch.diag_embed(d) - Ww
+    X, info = torch.linalg.inv_ex(M)
+    steps = (d * X.diagonal(dim1=-2, dim2=-1)).sum(1)
+    return torch.where((info == 0) & torch.isfinite(steps) & (steps > 0), steps, torch.full_like(steps, math.inf))
+
+
+def _wilson(W: Tensor, real: Tensor, start_tree: Tensor) -> Tensor:
+    """Wilson's algorithm (1996), vectorised over the rows: heads ``[R, N+1]`` (0 at the root).
+
+    ``W [R, N+1, N+1]`` arc weights (column m: the weights of m's heads), ``start_tree [R, N+1]``
+    the nodes already in the tree (hanging from the root). Every iteration moves every row by one
+    step: a walker draws the next head of its node until it hits the tree, then retraces its
+    loop-erased path (the last exit from every node) into the tree, then the next node not in
+    the tree starts a walk. The loop runs as many iterations as the longest row needs.
+    """
+    R, N1, _ = W.shape
+    dev = W.device
+    C = W.cumsum(1)  # [R, h, m]: cumulative weights of the heads of m
+    out = torch.zeros(R, N1, dtype=torch.long, device=dev)
+    ids = torch.arange(R, device=dev)  # the original row of every row still running
+    in_tree = start_tree.clone()
+    heads = torch.zeros(R, N1, dtype=torch.long, device=dev)
+    nxt = torch.zeros(R, N1, dtype=torch.long, device=dev)
+    order = torch.arange(N1, 0, -1, device=dev)
+
+    def first_out(t: Tensor) -> tuple[Tensor, Tensor]:
+        score = (~t).long() * order
+        return score.argmax(1), score.amax(1) > 0
+
+    start, more = first_out(in_tree)
+    mode = torch.where(more, 0, 2)  # 0 walking, 1 retracing, 2 done
+    u = start.clone()
+    while True:
+        running = mode != 2
+        n_run = int(running.sum())
+        if n_run < ids.numel():  # hand finished rows back, keep the running ones (the tail is long)
+            done = ~running
+            out[ids[done]] = heads[done]
+            if n_run == 0:
+                break
+            keep = running.nonzero().squeeze(1)
+            C, in_tree, heads, nxt, start, mode, u, ids = (t[keep] for t in (C, in_tree, heads, nxt, start, mode, u, ids))
+        rows = torch.arange(ids.numel(), device=dev)
+        it = in_tree[rows, u]
+        walk, retr = mode == 0, mode == 1
+        w_hit, w_step = walk & it, walk & ~it
+        r_add, r_end = retr & ~it, retr & it
+        col = C[rows, :, u]  # [R, N1]
+        x = torch.rand(rows.numel(), dtype=W.dtype, device=dev) * col[:, -1]
+        h = torch.searchsorted(col, x[:, None], right=True)[:, 0].clamp_max(N1 - 1)
+        nxt_u = nxt[rows, u]
+        nxt[rows, u] = torch.where(w_step, h, nxt_u)
+        heads[rows, u] = torch.where(r_add, nxt_u, heads[rows, u])
+        in_tree[rows, u] = it | r_add
+        new_start, more = first_out(in_tree)
+        u_new = torch.where(w_step, h, torch.where(w_hit, start, torch.where(r_add, nxt_u, u)))
+        mode = torch.where(w_hit, 1, mode)
+        again = r_end & more
+        mode = torch.where(again, 0, torch.where(r_end & ~more, 2, mode))
+        start = torch.where(again, new_start, start)
+        u = torch.where(again, new_start, u_new)
+    return out
+
+
+def _sample_heads(theta: Tensor, lengths: Tensor, single_root: bool, budget: float | None = None) -> Tensor:
+    """One exact sample of heads ``[R, N]`` per row of ``theta [R, N+1, N+1]`` (float64 inside).
+
+    Multi-root: Wilson's algorithm where its expected running time ``Σ_m d_m X_mm`` is at most
+    ``budget`` (default ``50 (N+1)`` steps), else words are sampled one after another from their
+    exact conditional marginals (``n`` exact marginal computations). Single root (unbiased, as in
+    Stanojević 2022): the root's child c is drawn from its exact marginal, then the rest given c
+    (a multi-root problem whose only root arc goes to c) as above.
+    """
+    theta = theta.detach().to(torch.float64)
+    R, N1, _ = theta.shape
+    N = N1 - 1
+    dev = theta.device
+    valid, real = _masks(N, lengths, dev)
+    if budget is None:
+        budget = 50.0 * N1
+    logW, _ = _shift(theta, valid)
+    logZ, mu = _solve(logW, real, single_root)
+    alive = torch.isfinite(logZ)
+    if single_root:
+        p0 = mu[:, 0, 1:] * alive[:, None]
+        p0 = torch.where(alive[:, None], p0, real.double())
+        c = torch.multinomial(p0 / p0.sum(1, keepdim=True), 1)[:, 0] + 1
+        keep = torch.nn.functional.one_hot(c, N1).bool()
+        logW = logW.clone()
+        logW[:, 0, :] = logW[:, 0, :].masked_fill(~keep, -math.inf)
+        logW, _ = _shift(logW, valid)
+    W = logW.exp()
+    heads = torch.zeros(R, N1, dtype=torch.long, device=dev)
+    steps = _wilson_steps(W, real)
+    easy = alive & (steps <= budget)
+    if bool(easy.any()):
+        idx = easy.nonzero().squeeze(1)
+        start = torch.zeros(idx.numel(), N1, dtype=torch.bool, device=dev)
+        start[:, 0] = True
+        start[:, 1:] = ~real[idx]
+        heads[idx] = _wilson(W[idx], real[idx], start)
+    hard = (alive & ~easy).nonzero().squeeze(1)
+    if hard.numel():
+        lw = logW[hard].clone()
+        rl = real[hard]
+        for m in range(1, N1):
+            on = rl[:, m - 1]
+            if not bool(on.any()):
+                continue
+            _, mm = _solve(lw, rl, single_root=False)
+            p = mm[:, :, m]
+            p = torch.where(on[:, None], p, torch.ones_like(p))
+            h = torch.multinomial(p / p.sum(1, keepdim=True), 1)[:, 0]
+            pick = torch.nn.functional.one_hot(h, N1).bool()
+            lw[:, :, m] = torch.where(on[:, None] & ~pick, torch.full_like(lw[:, :, m], -math.inf), lw[:, :, m])
+            heads[hard, m] = torch.where(on, h, heads[hard, m])
+    heads = heads[:, 1:] * real
+    return heads
+
+
+# ======================================================================================= counting
+
+
+def _bareiss(M: list[list[int]]) -> int:
+    """Exact integer determinant (fraction-free Gaussian elimination, Bareiss 1968)."""
+    a = [row[:] for row in M]
+    n = len(a)
+    sign, prev = 1, 1
+    for k in range(n - 1):
+        if a[k][k] == 0:
+            swap = next((i for i in range(k + 1, n) if a[i][k] != 0), None)
+            if swap is None:
+                return 0
+            a[k], a[swap] = a[swap], a[k]
+            sign = -sign
+        for i in range(k + 1, n):
+            for j in range(k + 1, n):
+                a[i][j] = (a[i][j] * a[k][k] - a[i][k] * a[k][j]) // prev
+        prev = a[k][k]
+    return sign * a[n - 1][n - 1] if n else 1
+
+
+def _exact_count(fin: Tensor, n: int, single_root: bool) -> int:
+    """The number of trees using allowed arcs of one example (``fin [N+1, N+1]`` bool), exactly."""
+    f = fin[: n + 1, : n + 1].tolist()
+    M = [[0] * n for _ in range(n)]
+    for m in range(1, n + 1):
+        for h in range(0, n + 1):
+            if h != m and f[h][m]:
+                if h > 0:
+                    M[h - 1][m - 1] -= 1
+                    M[m - 1][m - 1] += 1
+                elif not single_root:
+                    M[m - 1][m - 1] += 1
+    if single_root:
+        M[0] = [1 if f[0][m] else 0 for m in range(1, n + 1)]
+    return _bareiss(M)
+
+
+# ======================================================================================= the class
+
+
+class NonProjectiveDependencyCRF(StructuredDistribution):
+    """A distribution over non-projective dependency trees (spanning arborescences) of ``n`` words.
+
+    ``log_potentials[b, h, m]`` (shape ``[B, N+1, N+1]``) scores the arc from head ``h`` to
+    modifier ``m``; index 0 is the root symbol, words are ``1..n``. Column 0 (arcs into the root)
+    and the diagonal are never used. ``lengths[b]`` in ``1..N`` is the number of words (default N).
+    ``single_root=True`` lets the root take exactly one child (Koo et al. 2007; Bisk & Tran 2018),
+    otherwise any number (Liu & Lapata 2018: root scores on a tree of sentences). ``-inf`` forbids
+    an arc. Marginals and one-hot trees have the shape of ``log_potentials``; ``decode()`` gives
+    heads ``[B, N]`` (``heads[b, m-1]`` is the head of word m, 0 = root; 0 past each length).
+
+    Algorithms (not a dynamic program: one per semiring, see :meth:`run`): log-partition and
+    marginals by the matrix-tree theorem, exactly at any score scale (module doc); the best and
+    k best trees by Chu-Liu-Edmonds / Camerini et al. (:mod:`structures.decode.arborescence`);
+    exact samples by Wilson's algorithm or sequential conditioning; the number of trees by the
+    matrix-tree theorem on the allowed arcs (exact integers below 2**53).
+    """
+
+    shape = "B, N, N"
+
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, single_root: bool = False):
+        self.single_root = bool(single_root)
+        self._cache: dict = {}
+        if isinstance(log_potentials, Tensor) and log_potentials.dim() == 3 and log_potentials.shape[-1] < 2:
+            raise ValueError(f"log_potentials: expected shape [B, N+1, N+1] with N >= 1 words, got {list(log_potentials.shape)}")
+        super().__init__(log_potentials, lengths)
+
+    # ------------------------------------------------------------------ hooks of the base
+
+    def _inputs(self, theta: Tensor, expand: bool = False) -> dict[str, Tensor]:
+        return {self._input: theta}  # no program, no shared scores: the arc scores only
+
+    def _check_lengths(self, lengths: Tensor | None) -> Tensor | None:
+        self._input = "arc"
+        N = self._theta.shape[-1] - 1
+        if lengths is None:
+            return None
+        if not isinstance(lengths, Tensor):
+            lengths = torch.as_tensor(lengths)
+        if (lengths.dim() != 1 or lengths.shape[0] != self._batch or lengths.dtype.is_floating_point
+                or lengths.dtype == torch.bool or lengths.is_complex()):
+            raise ValueError(f"lengths: expected an integer tensor of shape [B] = [{self._batch}], got {lengths.dtype} {tuple(lengths.shape)}")
+        if self._batch and (int(lengths.min()) < 1 or int(lengths.max()) > N):
+            raise ValueError(f"lengths: expected values in 1..{N} (the number of words), got {lengths.tolist()}")
+        return lengths.to(device=self._theta.device, dtype=torch.long)
+
+    @property
+    def max_length(self) -> int:
+        return self._theta.shape[-1] - 1
+
+    def _len(self, lengths: Tensor | None, batch: int) -> Tensor:
+        if lengths is None:
+            return torch.full((batch,), self.max_length, dtype=torch.long, device=self._theta.device)
+        return lengths
+
+    # ------------------------------------------------------------------ the algorithms
+
+    def _exact_result(self, theta: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(log Z, μ)`` in float64, memoised for this distribution's own potentials."""
+        key = None
+        if theta.data_ptr() == self._theta.data_ptr() and theta.shape == self._theta.shape and theta.stride() == self._theta.stride():
+            key = (theta._version, None if lengths is None else tuple(lengths.tolist()))
+            if key in self._cache:
+                return self._cache[key]
+        res = log_partition_and_marginals(theta, lengths, self.single_root)
+        if key is not None:
+            self._cache = {key: res}
+        return res
+
+    def run(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        """The structure in ``semiring``: ``[*components, B]``.
+
+        * ``Log``: log Z by the matrix-tree theorem (gradient: exact marginals, twice differentiable);
+        * ``Real``: Z = exp(log Z);
+        * ``Max``: ⟨θ, best tree⟩ (gradient: the tree);
+        * ``KMax(k)``: ``[k, B]``, ⟨θ, j-th best tree⟩ (-inf past the number of trees);
+        * ``Sampled``: ⟨θ, an exact sample⟩ (gradient: the sample), one per row;
+        * ``Count``: the number of trees of finite score (float64).
+        """
+        theta = self._theta if theta is None else theta
+        raw_lengths = self._lengths if lengths is None else lengths
+        lengths = self._len(raw_lengths, theta.shape[0])
+        if isinstance(semiring, SampledSemiring):
+            heads = _sample_heads(theta, lengths, self.single_root)
+            return self._score_trees(theta, heads, lengths)
+        if isinstance(semiring, MaxSemiring):
+            from .decode.arborescence import max_arborescence
+
+            heads = max_arborescence(theta.detach(), lengths, self.single_root)
+            return self._score_trees(theta, heads, lengths)
+        if isinstance(semiring, KMax):
+            from .decode.arborescence import kbest_arborescences
+
+            heads, _ = kbest_arborescences(theta.detach(), semiring.k, lengths, self.single_root)
+            vals = self._score_trees(theta, heads.clamp_min(0), lengths)
+            return vals.masked_fill((heads < 0).any(-1), -math.inf)
+        if isinstance(semiring, LogSemiring):
+            logZ, mu = self._exact_result(theta, raw_lengths)
+            return _LogPartition.apply(theta, logZ, mu, lengths, self.single_root)
+        if isinstance(semiring, CountSemiring):
+            return self._count(theta, lengths)
+        if isinstance(semiring, RealSemiring):
+            return self.run(sr.Log, theta, lengths).exp()
+        raise NotImplementedError(
+            f"{type(self).__name__}: no algorithm for the {semiring} semiring (non-projective trees are not a "
+            "dynamic program; available: Log, Real, Max, KMax, Sampled, Count; expectations via expected_score)")
+
+    def _score_trees(self, theta: Tensor, heads: Tensor, lengths: Tensor) -> Tensor:
+        """``[..., B]``: ⟨θ, tree⟩ for heads ``[..., B, N]`` (differentiable: the gradient is the tree)."""
+        parts = self._parts(heads, lengths, theta.dtype)
+        return _inner(theta, parts, 2)
+
+    def _parts(self, heads: Tensor, lengths: Tensor, dtype) -> Tensor:
+        n1 = self._theta.shape[-1]
+        onehot = torch.nn.functional.one_hot(heads.long().clamp(0, n1 - 1), n1).transpose(-1, -2).to(dtype)
+        inside = torch.arange(1, n1, device=heads.device) <= lengths.to(heads.device).unsqueeze(-1)
+        onehot = onehot * inside.unsqueeze(-2)
+        return torch.cat([torch.zeros_like(onehot[..., :1]), onehot], -1)
+
+    def _count(self, theta: Tensor, lengths: Tensor) -> Tensor:
+        fin = torch.isfinite(theta.detach())
+        zero_one = torch.zeros_like(theta.detach(), dtype=torch.float64).masked_fill(~fin, -math.inf)
+        logc, _ = log_partition_and_marginals(zero_one, lengths, self.single_root)
+        count = logc.exp()
+        out = count.clone()
+        for b in range(theta.shape[0]):
+            if math.isfinite(float(count[b])) and float(count[b]) < 2.0**53 * 1.01:
+                exact = _exact_count(fin[b], int(lengths[b]), self.single_root)
+                if exact < 2**53:
+                    out[b] = float(exact)
+        return out
+
+    def _marginals_exact(self) -> Tensor:
+        """The exact marginals, differentiable (through :class:`_Marginals`) when θ requires grad;
+        no autograd round trip through log Z otherwise."""
+        _, mu = self._exact_result(self._theta, self._lengths)
+        if self._theta.requires_grad:
+            return _Marginals.apply(self._theta, mu, self.lengths, self.single_root)
+        return mu.to(self._theta.dtype) if mu.dtype != self._theta.dtype else mu.clone()
+
+    def _expected(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
+        """E_p⟨v, z⟩ = ⟨μ(θ), v⟩ (its gradient w.r.t. θ is the Hessian-vector product H v)."""
+        if v.shape != theta.shape:
+            raise ValueError(f"v: expected shape {list(theta.shape)} (that of log_potentials), got {list(v.shape)}")
+        lengths = self._len(self._lengths, theta.shape[0])
+        if theta.requires_grad:
+            mu = self._derivative(self.run(sr.Log, theta), theta, create_graph=True)
+        else:
+            mu = self._exact_result(theta, self._lengths)[1].to(theta.dtype)
+        valid, _ = _masks(theta.shape[-1] - 1, lengths, theta.device)
+        return (mu * torch.where(valid, v.to(mu.dtype), torch.zeros_like(mu))).flatten(1).sum(1)
+
+    # ------------------------------------------------------------------ trees
+
+    def enumerate_support(self, limit: int = 2_000_000) -> tuple[Tensor, Tensor]:
+        """Every tree of finite score (brute force over head assignments; ``(n+1)^n <= limit``):
+        ``(values [S, B, N+1, N+1], valid [S, B])``, trees of each example in lexicographic order of
+        their heads, slots past its count 0 and invalid."""
+        import itertools
+
+        from .decode.arborescence import is_tree
+
+        N = self.max_length
+        lengths = self.lengths
+        theta = self._theta.detach()
+        per = []
+        for b in range(self._batch):
+            n = int(lengths[b])
+            if (n + 1) ** n > limit:
+                raise ValueError(f"enumerate_support: {(n + 1) ** n} head assignments for n = {n} exceed limit={limit}")
+            cand = torch.tensor(list(itertools.product(range(n + 1), repeat=n)), dtype=torch.long).reshape(-1, n)
+            cand = torch.cat([cand, torch.zeros(cand.shape[0], N - n, dtype=torch.long)], 1).to(theta.device)
+            L = torch.full((cand.shape[0],), n, dtype=torch.long, device=theta.device)
+            ok = is_tree(cand, L, self.single_root)
+            cand = cand[ok]
+            sc = _inner(theta[b].expand(cand.shape[0], -1, -1), self._parts(cand, L[: cand.shape[0]], theta.dtype), 2) if cand.shape[0] else torch.zeros(0)
+            per.append(cand[torch.isfinite(sc)] if cand.shape[0] else cand)
+        S = max(1, max(p.shape[0] for p in per))
+        heads = torch.zeros(S, self._batch, N, dtype=torch.long, device=theta.device)
+        valid = torch.zeros(S, self._batch, dtype=torch.bool, device=theta.device)
+        for b, p in enumerate(per):
+            heads[: p.shape[0], b] = p
+            valid[: p.shape[0], b] = True
+        values = self._parts(heads, lengths, theta.dtype) * valid[..., None, None]
+        return self._out(values), valid
+
+    def decode(self) -> Tensor:
+        """``[B, N]`` long: the head of every word of the best tree (0 = root; 0 past each length)."""
+        return self.heads(self.argmax)
+
+    @staticmethod
+    def heads(parts: Tensor) -> Tensor:
+        """Heads ``[..., B, N]`` of trees given as one-hot arcs ``[..., B, N+1, N+1]``."""
+        return parts[..., 1:].argmax(-2) * (parts[..., 1:].sum(-2) > 0)
+
+    def to_parts(self, heads: Tensor) -> Tensor:
+        """One-hot arcs ``[..., B, N+1, N+1]`` of trees given as heads ``[..., B, N]`` (entries past each length ignored)."""
+        n1 = self._theta.shape[-1]
+        if heads.shape[-1] != n1 - 1 or heads.dtype.is_floating_point:
+            raise ValueError(f"value: expected integer heads of shape [..., B, {n1 - 1}], got {heads.dtype} {list(heads.shape)}")
+        return self._parts(heads, self.lengths, self._theta.dtype)
+
+    def to_networkx(self, value: Tensor | None = None) -> list:
+        """The trees as ``networkx.DiGraph`` s, one per example: nodes ``0..n`` (0 = root), an edge
+        ``h -> m`` per arc with its ``score``. ``value``: heads ``[B, N]`` or one-hot arcs (default:
+        the best trees)."""
+        import networkx as nx
+
+        heads = self.decode() if value is None else (self.heads(value) if value.dtype.is_floating_point else value)
+        out = []
+        theta = self.log_potentials.detach()
+        for b in range(self._batch):
+            n = int(self.lengths[b])
+            g = nx.DiGraph()
+            g.add_nodes_from(range(n + 1))
+            for m in range(1, n + 1):
+                h = int(heads[b, m - 1])
+                g.add_edge(h, m, score=float(theta[b, h, m]))
+            out.append(g)
+        return out

@@ -1,0 +1,495 @@
+"""NonProjectiveDependencyCRF: brute force at every small size, high-precision references at large
+score scales, padding, gradients, sampling, constraints and bad input.
+
+The oracles here are independent of the implementation: trees are listed with itertools, and
+the large-scale references are the matrix-tree theorem evaluated in mpmath at 600+ digits (where
+Koo's cancelling formulas are harmless).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import structures._matrix_tree as mt
+from structures import NonProjectiveDependencyCRF
+from structures.nonprojective import _exact, _masks, _sample_heads, _shift, log_partition_and_marginals
+
+NP = NonProjectiveDependencyCRF
+try:  # the maximum spanning arborescences (argmax, k-best) live in structures.decode
+    from structures.decode import arborescence
+except ImportError:  # pragma: no cover
+    arborescence = None
+needs_decode = pytest.mark.skipif(arborescence is None, reason="structures.decode.arborescence is missing")
+
+
+# ============================================================================== oracles
+
+
+def trees(n: int, single_root: bool) -> list[tuple[int, ...]]:
+    """Every arborescence of words 1..n rooted at 0, as heads (heads[m-1] = head of m)."""
+    out = []
+    for heads in itertools.product(range(n + 1), repeat=n):
+        if any(h == m + 1 for m, h in enumerate(heads)):
+            continue
+        if single_root and sum(h == 0 for h in heads) != 1:
+            continue
+        ok = True
+        for m in range(1, n + 1):
+            seen, x = set(), m
+            while x != 0 and ok:
+                ok = x not in seen
+                seen.add(x)
+                x = heads[x - 1]
+        if ok:
+            out.append(heads)
+    return out
+
+
+def brute(theta: torch.Tensor, n: int, single_root: bool):
+    """(log Z, marginals [N+1, N+1], scores [T], trees) of one example by enumeration."""
+    ts = trees(n, single_root)
+    scores = torch.stack([sum(theta[h, m + 1] for m, h in enumerate(t)) for t in ts])
+    finite = torch.isfinite(scores)
+    logz = torch.logsumexp(scores, 0) if finite.any() else torch.tensor(-math.inf, dtype=theta.dtype)
+    mu = torch.zeros_like(theta)
+    if finite.any():
+        p = (scores - logz).exp()
+        for pi, t in zip(p, ts):
+            for m, h in enumerate(t):
+                mu[h, m + 1] += pi
+    return logz, mu, scores, ts
+
+
+def mp_reference(theta: torch.Tensor, single_root: bool, dps: int = 700):
+    """log Z and the marginals of one example by the matrix-tree theorem in mpmath at ``dps`` digits."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workdps(dps):
+        n = theta.shape[-1] - 1
+        W = [[mpmath.exp(mpmath.mpf(float(theta[h, m]))) if (m > 0 and h != m and math.isfinite(float(theta[h, m])))
+              else mpmath.mpf(0) for m in range(n + 1)] for h in range(n + 1)]
+        L = mpmath.zeros(n, n)
+        for m in range(1, n + 1):
+            for h in range(n + 1):
+                if h == m:
+                    continue
+                if h > 0:
+                    L[h - 1, m - 1] -= W[h][m]
+                if h > 0 or not single_root:
+                    L[m - 1, m - 1] += W[h][m]
+        if single_root:  # Koo et al. 2007: the first row replaced by the root scores
+            for m in range(1, n + 1):
+                L[0, m - 1] = W[0][m]
+        X = L**-1
+        logz = float(mpmath.log(mpmath.det(L)))
+        mu = torch.zeros(n + 1, n + 1, dtype=torch.float64)
+        for m in range(1, n + 1):
+            for h in range(n + 1):
+                if h == m:
+                    continue
+                if not single_root:
+                    v = W[h][m] * (X[m - 1, m - 1] - (X[m - 1, h - 1] if h else 0))
+                elif h == 0:
+                    v = W[0][m] * X[m - 1, 0]
+                else:
+                    v = W[h][m] * ((X[m - 1, m - 1] if m > 1 else 0) - (X[m - 1, h - 1] if h > 1 else 0))
+                mu[h, m] = float(v)
+        return logz, mu
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+ROOTS = pytest.mark.parametrize("single_root", [False, True], ids=["multi", "single"])
+
+
+# ============================================================================== brute force
+
+
+@needs_decode
+@ROOTS
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("scale", [1.0, 8.0])
+def test_every_query_matches_enumeration(single_root, n, scale):
+    g = gen(1000 * n + int(scale))
+    theta = torch.randn(3, n + 1, n + 1, generator=g, dtype=torch.float64) * scale
+    q_theta = torch.randn(3, n + 1, n + 1, generator=g, dtype=torch.float64) * scale
+    d = NP(theta, single_root=single_root)
+    q = NP(q_theta, single_root=single_root)
+    count = len(trees(n, single_root))
+    for b in range(3):
+        logz, mu, scores, ts = brute(theta[b], n, single_root)
+        q_logz, _, q_scores, _ = brute(q_theta[b], n, single_root)
+        p = (scores - logz).exp()
+        assert_close(d.log_partition[b], logz, atol=1e-10, rtol=1e-12)
+        assert_close(d.marginals[b], mu, atol=1e-10, rtol=0)
+        assert_close(d.entropy[b], -(p * (scores - logz)).sum(), atol=1e-9, rtol=1e-9)
+        assert_close(d.cross_entropy(q)[b], -(p * (q_scores - q_logz)).sum(), atol=1e-9, rtol=1e-9)
+        assert_close(d.kl(q)[b], (p * (scores - logz - q_scores + q_logz)).sum(), atol=1e-9, rtol=1e-9)
+        best = int(scores.argmax())
+        assert_close(d.max[b], scores[best])
+        assert d.decode()[b].tolist() == list(ts[best])
+        k = min(4, count)
+        assert_close(d.topk_scores(k)[:, b], scores.sort(descending=True).values[:k])
+        assert float(d.count[b]) == count
+        # log_prob of every tree sums to one
+        heads = torch.tensor(ts).unsqueeze(1).expand(-1, 3, -1)
+        assert_close(d.log_prob(heads)[:, b].exp().sum(), torch.tensor(1.0, dtype=torch.float64))
+    topk = d.topk(2)
+    assert_close(d.score(topk[0]), d.max)
+    values, valid = d.enumerate_support()
+    assert values.shape[0] == count and bool(valid.all())
+    assert_close(torch.logsumexp(d.score(values), 0), d.log_partition)
+
+
+@ROOTS
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_every_path_matches_enumeration(single_root, n):
+    """The certified LAPACK path, the subtraction-free float64 path and the log-space path."""
+    g = gen(7 + n)
+    theta = torch.randn(4, n + 1, n + 1, generator=g, dtype=torch.float64) * 3
+    lengths = torch.full((4,), n)
+    valid, real = _masks(n, lengths, theta.device)
+    logw, c = _shift(theta, valid)
+    results = {"default": log_partition_and_marginals(theta, lengths, single_root),
+               "exact": log_partition_and_marginals(theta, lengths, single_root, fast=False)}
+    z, m, _ = _exact(logw, real, single_root, mt.LOG)
+    results["log"] = (z + c.sum(1), m)
+    for b in range(4):
+        logz, mu, _, _ = brute(theta[b], n, single_root)
+        for name, (z, m) in results.items():
+            assert_close(z[b], logz, atol=1e-10, rtol=1e-12, msg=name)
+            assert_close(m[b], mu, atol=1e-10, rtol=0, msg=name)
+
+
+@ROOTS
+def test_count_closed_forms(single_root):
+    """Spanning arborescences of the complete graph on n words: (n+1)^(n-1) multi-root, n^(n-1) single."""
+    for n in range(1, 9):
+        d = NP(torch.zeros(2, n + 1, n + 1), single_root=single_root)
+        expected = n ** (n - 1) if single_root else (n + 1) ** (n - 1)
+        assert d.count.tolist() == [float(expected)] * 2
+        assert_close(d.log_partition, torch.full((2,), math.log(expected)), rtol=1e-6, atol=1e-6)
+
+
+# ============================================================================== large scales
+
+
+@ROOTS
+def test_std40_float32_marginals_match_high_precision(single_root):
+    """The issue's case: scores of standard deviation 40 on 20 words, float32 inputs; every
+    marginal within 1e-5 of a 700-digit reference (measured: a few 1e-8, float32 rounding)."""
+    g = gen(40 + single_root)
+    theta = (torch.randn(3, 21, 21, generator=g, dtype=torch.float64) * 40).float()
+    d = NP(theta, single_root=single_root)
+    mu, logz = d.marginals, d.log_partition
+    assert mu.dtype == torch.float32 and logz.dtype == torch.float32
+    for b in range(3):
+        ref_z, ref_mu = mp_reference(theta[b].double(), single_root)
+        assert (mu[b].double() - ref_mu).abs().max() <= 1e-5
+        assert abs(float(logz[b]) - ref_z) <= 1e-6 * abs(ref_z)
+    # and in float64 the result is exact to float64 rounding
+    z64, mu64 = log_partition_and_marginals(theta, None, single_root)
+    for b in range(3):
+        ref_z, ref_mu = mp_reference(theta[b].double(), single_root)
+        assert (mu64[b] - ref_mu).abs().max() <= 1e-12
+        assert abs(float(z64[b]) - ref_z) <= 1e-13 * abs(ref_z)
+
+
+@ROOTS
+def test_extreme_scales_go_to_log_space(single_root):
+    """Scores of standard deviation 400: cycles outweigh trees beyond float64's range; the log-space
+    path stays exact."""
+    g = gen(400 + single_root)
+    theta = torch.randn(2, 9, 9, generator=g, dtype=torch.float64) * 400
+    info: dict = {}
+    z, mu = log_partition_and_marginals(theta, None, single_root, info=info)
+    assert torch.isfinite(z).all() and torch.isfinite(mu).all()
+    for b in range(2):
+        ref_z, ref_mu = mp_reference(theta[b], single_root, dps=3000)
+        assert (mu[b] - ref_mu).abs().max() <= 1e-11
+        assert abs(float(z[b]) - ref_z) <= 1e-13 * abs(ref_z)
+
+
+@ROOTS
+def test_fast_path_is_certified_and_exact_on_adversarial_inputs(single_root):
+    """Wherever the LAPACK path's certificate passes it agrees with the subtraction-free path to
+    1e-9 (measured: ~1e-13), over inputs with clusters of words and weak roots at many scales."""
+    g = gen(5 + single_root)
+    used = 0
+    for n in (3, 12, 30):
+        for scale in (0.5, 2.0, 5.0, 10.0, 40.0):
+            theta = torch.randn(16, n + 1, n + 1, generator=g, dtype=torch.float64) * scale
+            cluster = torch.randint(0, 3, (16, n + 1), generator=g)
+            theta = theta + torch.where(cluster[:, :, None] == cluster[:, None, :], 2 * scale, 0.0)
+            theta[:8, 0] -= 2 * scale
+            info: dict = {}
+            z, mu = log_partition_and_marginals(theta, None, single_root, info=info)
+            ze, me = log_partition_and_marginals(theta, None, single_root, fast=False)
+            fast = torch.tensor([m == "fast" for m in info["method"]])
+            used += int(fast.sum())
+            assert bool(((z - ze).abs()[fast] <= 1e-9).all())
+            assert bool(((mu - me).abs().flatten(1).amax(1)[fast] <= 1e-9).all())
+    assert used > 50  # the certificate does pass on benign inputs
+
+
+# ============================================================================== padding and constraints
+
+
+@needs_decode
+@ROOTS
+def test_padded_batch_equals_examples_one_by_one(single_root):
+    g = gen(11)
+    theta = torch.randn(5, 8, 8, generator=g, dtype=torch.float64) * 6
+    lengths = torch.tensor([7, 3, 1, 5, 2])
+    d = NP(theta, lengths, single_root=single_root)
+    for b in range(5):
+        n = int(lengths[b])
+        one = NP(theta[b : b + 1, : n + 1, : n + 1].clone(), single_root=single_root)
+        assert_close(d.log_partition[b], one.log_partition[0], rtol=1e-14, atol=1e-14)
+        assert_close(d.marginals[b, : n + 1, : n + 1], one.marginals[0], rtol=0, atol=1e-14)
+        assert d.marginals[b, n + 1 :].abs().sum() == 0 and d.marginals[b, :, n + 1 :].abs().sum() == 0
+        assert_close(d.entropy[b], one.entropy[0], rtol=1e-12, atol=1e-12)
+        assert d.decode()[b, :n].tolist() == one.decode()[0].tolist() and d.decode()[b, n:].abs().sum() == 0
+        assert d.count[b] == one.count[0]
+
+
+@ROOTS
+def test_padding_leaves_the_log_partition_unchanged_at_every_scale(single_root):
+    for scale in (1.0, 40.0, 400.0):
+        theta = torch.randn(1, 6, 6, generator=gen(int(scale)), dtype=torch.float64) * scale
+        padded = torch.randn(1, 11, 11, generator=gen(3), dtype=torch.float64) * scale
+        padded[:, :6, :6] = theta
+        a = log_partition_and_marginals(theta, None, single_root)
+        b = log_partition_and_marginals(padded, torch.tensor([5]), single_root)
+        assert_close(a[0], b[0], rtol=1e-14, atol=0)
+        assert_close(a[1][0], b[1][0, :6, :6], rtol=0, atol=1e-14)
+
+
+@ROOTS
+def test_forbidden_arcs_match_enumeration(single_root):
+    """-inf arcs are constraints: random masks (some leave no tree, some leave the words' graph
+    not strongly connected, which single root answers by conditioning on the root's child)."""
+    g = gen(13 + single_root)
+    seen = set()
+    for _ in range(60):
+        n = int(torch.randint(1, 6, (), generator=g))
+        theta = torch.randn(1, n + 1, n + 1, generator=g, dtype=torch.float64) * 3
+        theta = theta.masked_fill(torch.rand(1, n + 1, n + 1, generator=g) < 0.45, -math.inf)
+        info: dict = {}
+        z, mu = log_partition_and_marginals(theta, None, single_root, info=info)
+        seen.add(info["method"][0])
+        logz, ref, _, _ = brute(theta[0], n, single_root)
+        assert not torch.isnan(mu).any()
+        if math.isinf(float(logz)):
+            assert z[0] == -math.inf and mu.abs().sum() == 0
+        else:
+            assert_close(z[0], logz, atol=1e-10, rtol=1e-12)
+            assert_close(mu[0], ref, atol=1e-10, rtol=0)
+    assert "none" in seen
+    if single_root:
+        assert "conditioned" in seen
+
+
+@needs_decode
+@ROOTS
+def test_nothing_left_gives_minus_inf_zero_marginals_and_no_nan(single_root):
+    theta = torch.randn(2, 5, 5, dtype=torch.float64, requires_grad=True)
+    block = torch.zeros(2, 5, 5, dtype=torch.float64)
+    block[0, :, 3] = -math.inf  # word 3 has no head
+    d = NP(theta + block, single_root=single_root)
+    assert d.log_partition[0] == -math.inf and torch.isfinite(d.log_partition[1])
+    assert d.marginals[0].abs().sum() == 0 and not torch.isnan(d.marginals).any()
+    assert d.entropy[0] == 0 and torch.isfinite(d.entropy[1])
+    assert d.argmax[0].abs().sum() == 0 and d.max[0] == -math.inf
+    assert d.count[0] == 0
+    assert d.sample((4,))[:, 0].abs().sum() == 0
+    (g,) = torch.autograd.grad(d.log_partition[1], theta)
+    assert not torch.isnan(g).any()
+
+
+# ============================================================================== gradients
+
+
+@ROOTS
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_gradcheck_and_gradgradcheck(single_root, with_lengths):
+    g = gen(17)
+    theta = torch.randn(2, 5, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([4, 2]) if with_lengths else None
+
+    def logz(t):
+        return NP(t, lengths, single_root=single_root).log_partition
+
+    def marginals(t):
+        return NP(t, lengths, single_root=single_root).marginals
+
+    assert torch.autograd.gradcheck(logz, (theta,))
+    assert torch.autograd.gradgradcheck(logz, (theta,))
+    assert torch.autograd.gradcheck(marginals, (theta,))
+
+
+@ROOTS
+def test_marginals_backward_and_expected_score(single_root):
+    g = gen(19)
+    theta = torch.randn(2, 6, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)
+    d = NP(theta, torch.tensor([5, 3]), single_root=single_root)
+    (ref,) = torch.autograd.grad((d.marginals * v).sum(), theta)
+    assert_close(d.marginals_backward(v), ref)
+    assert_close(d.expected_score(v), (d.marginals * v).flatten(1).sum(1))
+
+
+# ============================================================================== sampling
+
+
+@ROOTS
+@pytest.mark.parametrize("sampler", ["wilson", "sequential"])
+def test_sample_frequencies_match_tree_probabilities(single_root, sampler):
+    """Chi-square over every tree of n = 4 (both samplers: Wilson's algorithm and sequential
+    conditioning on exact marginals)."""
+    g = gen(23)
+    torch.manual_seed(23)
+    n = 4
+    theta = torch.randn(1, n + 1, n + 1, generator=g, dtype=torch.float64) * 1.5
+    logz, _, scores, ts = brute(theta[0], n, single_root)
+    p = (scores - logz).exp()
+    S = 20000
+    heads = _sample_heads(theta.expand(S, -1, -1), torch.full((S,), n), single_root,
+                          budget=None if sampler == "wilson" else 0.0)
+    index = {t: i for i, t in enumerate(ts)}
+    counts = torch.zeros(len(ts), dtype=torch.float64)
+    for h in map(tuple, heads.tolist()):
+        counts[index[h]] += 1  # KeyError if a sample is not a tree
+    chi2 = float(((counts - S * p) ** 2 / (S * p)).sum())
+    dof = len(ts) - 1
+    assert chi2 < dof + 6 * math.sqrt(2 * dof)
+
+
+@needs_decode
+@ROOTS
+def test_sample_api_shapes_and_padding(single_root):
+    theta = torch.randn(3, 7, 7, dtype=torch.float64)
+    lengths = torch.tensor([6, 2, 4])
+    d = NP(theta, lengths, single_root=single_root)
+    s = d.sample((5, 2))
+    assert s.shape == (5, 2, 3, 7, 7)
+    heads = d.heads(s)
+    ok = arborescence.is_tree(heads.reshape(-1, 6), lengths.repeat(10), single_root, theta.repeat(10, 1, 1))
+    assert bool(ok.all())
+    assert torch.isfinite(d.log_prob(s)).all()
+
+
+@needs_decode
+def test_sampling_at_large_scale_uses_the_exact_sequential_sampler():
+    """Wilson's algorithm would run for ~e^100 steps here; the sampler switches by its expected time."""
+    theta = torch.randn(2, 9, 9, generator=gen(29), dtype=torch.float64) * 40
+    d = NP(theta)
+    s = d.sample((3,))
+    assert bool(arborescence.is_tree(d.heads(s).reshape(-1, 8), None, False, theta.repeat(3, 1, 1)).all())
+
+
+# ============================================================================== API details
+
+
+@ROOTS
+def test_half_precision_is_computed_in_float32_and_returned_in_input_dtype(single_root):
+    theta = torch.randn(2, 6, 6, dtype=torch.float64)
+    ref = NP(theta, single_root=single_root)
+    for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+        d = NP(theta.to(dtype), single_root=single_root)
+        assert d.log_partition.dtype == dtype and d.marginals.dtype == dtype
+        exact = NP(theta.to(dtype).double(), single_root=single_root)
+        assert_close(d.marginals.double(), exact.marginals, atol=tol, rtol=0)
+        assert_close(d.log_partition.double(), exact.log_partition, atol=tol * 10, rtol=tol)
+    assert ref.marginals.dtype == torch.float64
+
+
+@needs_decode
+@ROOTS
+def test_decode_to_parts_and_networkx(single_root):
+    nx = pytest.importorskip("networkx")
+    theta = torch.randn(2, 6, 6, dtype=torch.float64)
+    d = NP(theta, torch.tensor([5, 3]), single_root=single_root)
+    heads = d.decode()
+    assert heads.shape == (2, 5) and heads[1, 3:].abs().sum() == 0
+    assert torch.equal(d.to_parts(heads), d.argmax)
+    graphs = d.to_networkx()
+    assert len(graphs) == 2
+    for b, gr in enumerate(graphs):
+        n = int(d.lengths[b])
+        assert isinstance(gr, nx.DiGraph) and nx.is_arborescence(gr) and gr.number_of_nodes() == n + 1
+        assert {(h, m) for h, m in gr.edges} == {(int(heads[b, m - 1]), m) for m in range(1, n + 1)}
+        if single_root:
+            assert gr.out_degree(0) == 1
+
+
+def test_bad_input_raises_value_error_naming_the_argument():
+    good = torch.randn(2, 5, 5)
+    cases = [
+        (lambda: NP(torch.randn(2, 5)), "log_potentials"),
+        (lambda: NP(torch.randn(2, 5, 4)), "log_potentials"),
+        (lambda: NP(torch.randn(2, 1, 1)), "log_potentials"),
+        (lambda: NP(torch.full((2, 5, 5), float("nan"))), "log_potentials"),
+        (lambda: NP(torch.full((2, 5, 5), float("inf"))), "log_potentials"),
+        (lambda: NP(torch.zeros(2, 5, 5, dtype=torch.long)), "log_potentials"),
+        (lambda: NP(good, torch.tensor([0, 3])), "lengths"),
+        (lambda: NP(good, torch.tensor([5, 3])), "lengths"),
+        (lambda: NP(good, torch.tensor([4.0, 3.0])), "lengths"),
+        (lambda: NP(good, torch.tensor([4, 3, 2])), "lengths"),
+        (lambda: NP(good).expected_score(torch.randn(2, 4, 4)), "v"),
+        (lambda: NP(good).log_prob(torch.zeros(2, 3, dtype=torch.long)), "value"),
+    ]
+    for make, name in cases:
+        with pytest.raises(ValueError, match=name):
+            make()
+
+
+def test_semirings_without_an_algorithm_raise():
+    import semiring as sr
+
+    d = NP(torch.randn(1, 4, 4))
+    with pytest.raises(NotImplementedError, match="SignedLog"):
+        d.run(sr.SignedLog)
+    assert_close(d.run(sr.Real), d.log_partition.exp())
+
+
+@needs_decode
+def test_inputs_are_not_modified():
+    theta = torch.randn(2, 6, 6)
+    theta[0, 2, 3] = -math.inf
+    keep = theta.clone()
+    lengths = torch.tensor([5, 4])
+    d = NP(theta, lengths, single_root=True)
+    _ = (d.log_partition, d.marginals, d.entropy, d.argmax, d.sample((2,)), d.count, d.topk(2))
+    assert torch.equal(theta, keep) and torch.equal(lengths, torch.tensor([5, 4]))
+
+
+# ============================================================================== slow
+
+
+@pytest.mark.slow
+@ROOTS
+def test_large_batch_speed_and_memory_scale(single_root):
+    theta = torch.randn(16, 129, 129)
+    d = NP(theta, single_root=single_root)
+    mu = d.marginals
+    assert_close(mu.sum(1)[:, 1:], torch.ones(16, 128), atol=1e-5, rtol=0)
+    ze, me = log_partition_and_marginals(theta, None, single_root, fast=False)
+    assert (me.float() - mu).abs().max() < 1e-6
+
+
+@pytest.mark.slow
+@ROOTS
+def test_std40_n40_matches_high_precision(single_root):
+    theta = (torch.randn(2, 41, 41, generator=gen(41), dtype=torch.float64) * 40).float()
+    z, mu = log_partition_and_marginals(theta, None, single_root)
+    for b in range(2):
+        ref_z, ref_mu = mp_reference(theta[b].double(), single_root, dps=1200)
+        assert (mu[b] - ref_mu).abs().max() <= 1e-12
+        assert abs(float(z[b]) - ref_z) <= 1e-13 * abs(ref_z)
