@@ -1,6 +1,6 @@
 """Linear-chain CRF: ours against torch-struct 0.5, pytorch-crf 0.7.2 and a hand-written loop.
 
-    python -m benchmarks.chain [--repeat 11] [--threads 2] [--quick] [--no-rss]
+    python -m benchmarks.chain [--repeat 15] [--threads 1] [--quick] [--no-rss] [--only ROWS]
 
 Every implementation runs in this process, on the same inputs, round-robin (see
 ``benchmarks.common``); before a row is timed its implementations are checked to compute the
@@ -130,6 +130,19 @@ def make_crf(task: str, impl: str, varied: bool, seed: int = 0) -> Callable[[], 
     def ours_dist():
         return LinearChainCRF.from_emissions(em, crf.transitions, crf.start_transitions, crf.end_transitions, lengths)
 
+    if impl == "ours (EmissionCRF)":
+        from structures.emission import EmissionCRF
+
+        def emission_dist():
+            return EmissionCRF(em, crf.transitions, crf.start_transitions, crf.end_transitions, lengths)
+
+        if task == "nll":
+            return lambda: torch.autograd.grad(-emission_dist().log_prob(tags).sum(), params)
+
+        def emission_decode():
+            with torch.no_grad():
+                return emission_dist().decode()
+        return emission_decode
     if task == "nll" and impl == "ours":
         return lambda: torch.autograd.grad(-ours_dist().log_prob(tags).sum(), params)
     if task == "nll" and impl == "pytorch-crf":
@@ -174,9 +187,24 @@ def check_chain(C: int) -> None:
         assert (a == other).float().mean() > 0.999, f"argmax differs from {name}"
 
 
-def check_crf(varied: bool) -> None:
+def emission_crf_available() -> bool:
+    """``structures.emission.EmissionCRF`` (the pytorch-crf parameterization as its own structure),
+    benchmarked as a second "ours" where the library has it."""
+    try:
+        from structures.emission import EmissionCRF  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_crf(varied: bool, emission: bool = False) -> None:
     crf, em, tags, lengths, mask = crf_inputs(varied)
-    ours = LinearChainCRF.from_emissions(em, crf.transitions, crf.start_transitions, crf.end_transitions, lengths)
+    if emission:
+        from structures.emission import EmissionCRF
+
+        ours = EmissionCRF(em, crf.transitions, crf.start_transitions, crf.end_transitions, lengths)
+    else:
+        ours = LinearChainCRF.from_emissions(em, crf.transitions, crf.start_transitions, crf.end_transitions, lengths)
     nll_ours = -ours.log_prob(tags)
     nll_peer = -crf(em, tags, mask=mask, reduction="none")
     torch.testing.assert_close(nll_ours, nll_peer, rtol=1e-5, atol=1e-3)
@@ -217,6 +245,7 @@ def run(repeat: int, threads: int, rss: bool, out_dir: str, plot: str | None, on
     if only:
         jobs = [j for j in jobs if only in f"{j[0]} {j[1]} C={j[2]}{' varied' if j[3] else ''}"]
 
+    emission = emission_crf_available()
     rows = []  # (benchmark, size, peer, ours s, peer s)
     bar = tqdm(jobs, desc="timing", unit="row", file=sys.stderr)
     for kind, task, C, varied in bar:
@@ -229,14 +258,21 @@ def run(repeat: int, threads: int, rss: bool, out_dir: str, plot: str | None, on
             label = {"logz": "log-partition (forward)", "marginals": "marginals (forward + backward)",
                      "argmax": "argmax (Max forward + backward)"}[task]
         else:
+            impls = ["ours", "pytorch-crf"]
             if task == "nll":
                 check_crf(varied)
-            fns = {impl: make_crf(task, impl, varied) for impl in ("ours", "pytorch-crf")}
+            if emission:
+                if task == "nll":
+                    check_crf(varied, emission=True)
+                impls.insert(1, "ours (EmissionCRF)")
+            fns = {impl: make_crf(task, impl, varied) for impl in impls}
             size = f"B={B} N={N} C={C} " + ("lengths N/4..N" if varied else "full length")
             label = {"nll": "CRF NLL (forward + backward)", "decode": "CRF decode (Viterbi)"}[task]
         t = time_round_robin(fns, repeat=repeat, warmup=2, min_repeat=5, budget_s=25.0)
+        if "ours (EmissionCRF)" in t:  # the same peer against our second parameterization
+            rows.append((label + " [EmissionCRF]", size, "pytorch-crf", t["ours (EmissionCRF)"], t["pytorch-crf"]))
         for peer in fns:
-            if peer != "ours":
+            if not peer.startswith("ours"):
                 rows.append((label, size, peer, t["ours"], t[peer]))
 
     mem_rows = []  # (C, impl, tensor bytes, rss bytes)
@@ -267,9 +303,9 @@ def run(repeat: int, threads: int, rss: bool, out_dir: str, plot: str | None, on
 
 
 def targets(rows, mem_rows) -> list[tuple[str, str, bool]]:
-    def ratio(label_start, size_part, peer):
+    def ratio(label_start, size_part, peer, emission=False):
         for b, s, p, o, q in rows:
-            if b.startswith(label_start) and size_part in s and p == peer:
+            if b.startswith(label_start) and size_part in s and p == peer and ("[EmissionCRF]" in b) == emission:
                 return q.median / o.median
         return float("nan")
 
@@ -282,6 +318,8 @@ def targets(rows, mem_rows) -> list[tuple[str, str, bool]]:
         for part in ("full length", "lengths"):
             r = ratio(task, part, "pytorch-crf")
             out.append((f"{lab} ({part}): ≥ 2× faster", f"{r:.2f}×", r >= 2))
+            r = ratio(task, part, "pytorch-crf", emission=True)
+            out.append((f"{lab} ({part}): ≥ 2× faster, by EmissionCRF", f"{r:.2f}×", r >= 2))
     mem = {(C, impl): (t, s) for C, impl, t, s in mem_rows}
     if (32, "ours") in mem:
         f = mem[(32, "ours")][0] / mem[(32, "torch-struct")][0]
@@ -324,11 +362,13 @@ def save_plot(rows, path: str) -> None:
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
-    labels = [f"{b.split(' (')[0]}\n{s.replace('B=32 N=128 ', '')}\nvs {p}" for b, s, p, _, _ in rows]
+    labels = [f"{b.split(' (')[0]}{' [EmissionCRF]' if 'EmissionCRF' in b else ''}\n{s.replace('B=32 N=128 ', '')}\nvs {p}"
+              for b, s, p, _, _ in rows]
     ratios = [q.median / o.median for _, _, _, o, q in rows]
     colors = {"torch-struct": "tab:blue", "loop": "tab:gray", "pytorch-crf": "tab:orange"}
     fig, ax = plt.subplots(figsize=(max(8, 0.75 * len(rows)), 5.5))
-    ax.bar(range(len(rows)), ratios, color=[colors.get(p, "tab:green") for _, _, p, _, _ in rows])
+    ax.bar(range(len(rows)), ratios, color=[colors.get(p, "tab:green") for _, _, p, _, _ in rows],
+           hatch=["//" if "EmissionCRF" in b else "" for b, _, _, _, _ in rows], edgecolor="white")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xticks(range(len(rows)))
@@ -339,7 +379,8 @@ def save_plot(rows, path: str) -> None:
     from matplotlib.patches import Patch
 
     ax.legend(handles=[Patch(color=c, label=p) for p, c in colors.items()], fontsize=8)
-    ax.set_title(f"LinearChainCRF vs peers (B={B}, N={N}; CPU, {torch.get_num_threads()} threads)")
+    threads = torch.get_num_threads()
+    ax.set_title(f"LinearChainCRF (hatched: EmissionCRF) vs peers (B={B}, N={N}; CPU, {threads} thread{'s' * (threads > 1)})")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -348,8 +389,10 @@ def save_plot(rows, path: str) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=11, help="timed rounds per row (slow peers stop after ~25 s, at least 5)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=15, help="timed rounds per row (slow peers stop after ~25 s, at least 5)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: on a small machine shared with other jobs, 2 threads on 2 cores "
+                        "make OpenMP wait for a descheduled worker at every op; see docs/benchmarks.md)")
     p.add_argument("--quick", action="store_true", help="3 rounds, no RSS subprocesses (a smoke run)")
     p.add_argument("--no-rss", action="store_true", help="skip the subprocess RSS measurement")
     p.add_argument("--only", help="run the rows whose 'kind task C=..' contains this (e.g. 'chain marginals C=32', 'crf', 'memory')")

@@ -36,7 +36,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-DEFAULT_THREADS = 2
+DEFAULT_THREADS = 1
 DEFAULT_SEED = 0
 
 
