@@ -45,9 +45,10 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
         raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
-    if torch.isnan(x).any():
+    top = x.detach().amax() if x.numel() else x.new_zeros(())  # NaN if any is, +inf if any is: one pass
+    if torch.isnan(top):
         raise ValueError(f"{name}: contains NaN")
-    if torch.isposinf(x).any():
+    if torch.isposinf(top):
         raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
 
 
@@ -147,9 +148,10 @@ class StructuredDistribution:
 
     def _grad(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None):
         """(value, ∂ value / ∂θ) of the program in ``semiring``, θ detached."""
-        x = (self._theta if theta is None else theta).detach().requires_grad_()
-        value = self.run(semiring, x, lengths)
-        return value.detach(), self._derivative(value, x)
+        with torch.enable_grad():  # these queries are gradients, also under torch.no_grad()
+            x = (self._theta if theta is None else theta).detach().requires_grad_()
+            value = self.run(semiring, x, lengths)
+            return value.detach(), self._derivative(value, x)
 
     def _derivative(self, value: Tensor, x: Tensor, **grad_options) -> Tensor:
         """∂ Σ value / ∂x per example: 0 for an example with no structure left (a value of -inf,
@@ -157,7 +159,10 @@ class StructuredDistribution:
         if not value.requires_grad:
             return torch.zeros_like(x)
         (g,) = torch.autograd.grad(value.sum(), x, **grad_options)
-        return g * torch.isfinite(value).reshape(-1, *[1] * self._part_dims)
+        finite = torch.isfinite(value)
+        if bool(finite.all()):
+            return g
+        return g * finite.reshape(-1, *[1] * self._part_dims)
 
     # ------------------------------------------------------------------ queries
 
@@ -187,11 +192,10 @@ class StructuredDistribution:
 
     def topk(self, k: int) -> Tensor:
         """``[k, B, *parts]``: the k best structures, best first (slots past the count are 0)."""
-        x = self._theta.detach().requires_grad_()
-        scores = self.run(sr.KMax(k), x)
-        rows = []
-        for j in range(k):
-            rows.append(self._derivative(scores[j], x, retain_graph=j + 1 < k))
+        with torch.enable_grad():
+            x = self._theta.detach().requires_grad_()
+            scores = self.run(sr.KMax(k), x)
+            rows = [self._derivative(scores[j], x, retain_graph=j + 1 < k) for j in range(k)]
         return self._out(torch.stack(rows))
 
     def topk_scores(self, k: int) -> Tensor:
@@ -267,11 +271,12 @@ class StructuredDistribution:
         potentials) — the gradient of log Z, per example; differentiable when θ requires grad."""
         if not self._shared:
             return {self._input: self._marginals_exact()}
-        create = self._theta.requires_grad or any(v.requires_grad for v in self._shared.values())
-        xs = {n: v if create and v.requires_grad else v.detach().requires_grad_()
-              for n, v in self._inputs(self._theta, expand=True).items()}
-        value = self._run(sr.Log, xs)
-        grads = torch.autograd.grad(value.sum(), list(xs.values()), create_graph=create, allow_unused=True)
+        create = torch.is_grad_enabled() and (self._theta.requires_grad or any(v.requires_grad for v in self._shared.values()))
+        with torch.enable_grad():
+            xs = {n: v if create and v.requires_grad else v.detach().requires_grad_()
+                  for n, v in self._inputs(self._theta, expand=True).items()}
+            value = self._run(sr.Log, xs)
+            grads = torch.autograd.grad(value.sum(), list(xs.values()), create_graph=create, allow_unused=True)
         finite = torch.isfinite(value)
         return {n: (torch.zeros_like(v) if g is None else g * finite.reshape(-1, *[1] * (v.dim() - 1)))
                 for (n, v), g in zip(xs.items(), grads)}
@@ -286,8 +291,9 @@ class StructuredDistribution:
     def marginals_backward(self, grad_marginals: Tensor) -> Tensor:
         """``[B, *parts]``: ∂L/∂θ for a loss L with ``grad_marginals = ∂L/∂μ``, computed as the gradient
         of ``expected_score(grad_marginals)`` in the signed-log expectation semiring (Kim et al. 2017 §3.3)."""
-        x = self._theta.detach().requires_grad_()
-        return self._out(self._derivative(self._expected(x, grad_marginals.detach(), sr.SignedLog), x))
+        with torch.enable_grad():
+            x = self._theta.detach().requires_grad_()
+            return self._out(self._derivative(self._expected(x, grad_marginals.detach(), sr.SignedLog), x))
 
     def _expected(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
         if v.shape != theta.shape:
@@ -303,7 +309,7 @@ class StructuredDistribution:
         return torch.where(empty, 0.0, out[1] / out[0].masked_fill(empty, 1.0))
 
     def _marginals_exact(self) -> Tensor:
-        if self._theta.requires_grad:
+        if self._theta.requires_grad and torch.is_grad_enabled():  # differentiable marginals
             return self._derivative(self.run(sr.Log), self._theta, create_graph=True)
         return self._grad(sr.Log)[1]
 

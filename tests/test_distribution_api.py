@@ -339,3 +339,19 @@ def test_half_precision_is_computed_in_float32_and_returned_in_input_dtype(famil
         assert got.dtype == dtype, query
         assert_close(got.float(), expected, rtol=tol, atol=tol, msg=query)
     assert d.sample((2,)).dtype == dtype and d.topk(2).dtype == dtype
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_gradient_queries_work_under_no_grad(family):
+    """argmax, marginals, samples, topk and entropy are gradients of programs: torch.no_grad()
+    around the call must not turn them into zeros."""
+    shape = largest(family)
+    theta = random_potentials(shape, 2, torch.Generator().manual_seed(41)).requires_grad_()
+    expected = family.cls(theta.detach())
+    with torch.no_grad():
+        d = family.cls(theta)
+        assert_close(d.marginals, expected.marginals)
+        assert_close(d.argmax, expected.argmax)
+        assert_close(d.topk(2), expected.topk(2))
+        assert_close(d.entropy, expected.entropy)
+        assert d.sample((3,)).flatten(2).sum(-1).gt(0).all() or expected.max.isneginf().any()
