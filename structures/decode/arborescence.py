@@ -9,8 +9,8 @@ the head of word ``m`` (0 = root), and 0 past each length.
 
 The algorithm
 -------------
-1. The shortcut, for the whole batch at once: every word takes its best head (one column max
-   over ``[B, N+1, N+1]``); pointer jumping (``ceil(log2(N+1))`` gathers) checks that every word
+1. The shortcut, for the whole batch at once: every word takes its best head (one max over
+   the ``N+1`` candidate heads of every word of every example); pointer jumping (``ceil(log2(N+1))`` gathers) checks that every word
    then reaches the root, and with ``single_root`` that the root has one child. Such examples
    are done: the per-word maxima are an upper bound that this tree attains. For a trained parser
    this is most sentences.
@@ -25,8 +25,10 @@ The algorithm
    first: the member holding the entering arc's modifier takes that arc, the others keep their
    cycle arcs) is ``O(n)``.
 
-Everything runs on CPU in float64 (scores of another dtype or device are copied); heads come
-back on the scores' device.
+Everything runs on CPU in numpy, on one copy of the scores laid out by incoming arcs (float32
+or float64 as given; float16 and bfloat16 become float32, exactly): the shortcut compares the
+scores as given, Tarjan's algorithm and every score sum work in float64. Heads come back on the
+scores' device. The input is never modified.
 
 Exactness, single root and forbidden arcs
 -----------------------------------------
@@ -124,8 +126,8 @@ def _check(scores: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np.ndarr
     return a, ln
 
 
-def _prepare(a: np.ndarray, ln: np.ndarray) -> np.ndarray:
-    """Mask, in place, the arcs that do not exist with ``-inf``; return ``forb[b]``: has a forbidden arc.
+def _prepare(a: np.ndarray, ln: np.ndarray) -> None:
+    """Mask, in place, the arcs that do not exist with ``-inf``.
 
     The arcs that do not exist: into the root, self loops, and from or into a padding word,
     except that a padding word hangs from the root by an arc of score 0 (so it gets head 0 and
@@ -140,10 +142,6 @@ def _prepare(a: np.ndarray, ln: np.ndarray) -> np.ndarray:
         a[b, L1:, :] = -math.inf
         a[b, :, L1:] = -math.inf
         a[b, L1:, 0] = 0.0
-    # an example has a forbidden arc iff it has more -inf than the masking above made
-    L = ln.astype(np.int64)
-    masked = n1 + L * (N - L) + L + N * (N - L)
-    return (a == -math.inf).sum((1, 2)) > masked
 
 
 def _tiers(w: np.ndarray, single_root: bool, forbidden_tier: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -315,14 +313,15 @@ def _shortcut(a: np.ndarray, ln: np.ndarray, single_root: bool) -> tuple[np.ndar
     return heads, ok
 
 
-def _solve(a: np.ndarray, ln: np.ndarray, forb: np.ndarray, single_root: bool) -> np.ndarray:
+def _solve(a: np.ndarray, ln: np.ndarray, single_root: bool) -> np.ndarray:
     """Heads ``[B, n1]`` (int64, entry 0 is 0) of prepared scores: shortcut, else Tarjan."""
     B, n1, _ = a.shape
     heads, ok = _shortcut(a, ln, single_root)
     for b in np.flatnonzero(~ok).tolist():
         L1 = int(ln[b]) + 1
         w = a[b, :L1, :L1]
-        if forb[b]:
+        # a forbidden arc: more -inf than the masking made (row 0, into the root; the diagonal)
+        if int((w == -math.inf).sum()) > 2 * L1 - 1:
             T, _, S = _tiers(w, single_root, -float(n1))
             h = _tarjan(T, S)
         else:  # every arc between positions 0..n exists: no tier beyond the root penalty
@@ -374,8 +373,8 @@ def max_arborescence(scores: Tensor, lengths: Tensor | None = None, single_root:
     Time: ``O(B n^2)`` for the shortcut check, plus ``O(n^2)`` for each example it does not settle.
     """
     a, ln = _check(scores, lengths)
-    forb = _prepare(a, ln)
-    heads = _solve(a, ln, forb, single_root)
+    _prepare(a, ln)
+    heads = _solve(a, ln, single_root)
     return torch.from_numpy(np.ascontiguousarray(heads[:, 1:])).to(scores.device)
 
 
