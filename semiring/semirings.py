@@ -52,6 +52,18 @@ class Semiring:
     def dot(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         return self.sum(self.times(a, b), dim)
 
+    def scan(self, init: Tensor, xs: Tensor) -> Tensor:
+        """The recurrence ``alpha_t[c] = ⊕_y alpha_{t-1}[y] ⊗ xs_t[y, c]`` from ``alpha_{-1} = init``:
+        ``init [*, B, K]``, ``xs [*, B, T, K, L]`` -> every ``alpha_t``, ``[*, B, T, L]``.
+
+        The language runs consecutive levels of a chain program through this; semirings override it
+        with one fused node for the whole recurrence where that is faster."""
+        out, prev = [], init
+        for x in xs.unbind(-3):
+            prev = self.dot(prev.unsqueeze(-2), x.transpose(-1, -2), -1)
+            out.append(prev)
+        return torch.stack(out, -2)
+
     def dtype(self, like: Tensor) -> torch.dtype:
         """The floating dtype elements are computed in."""
         return like.dtype
@@ -127,6 +139,77 @@ def _log_matvec(a: Tensor, b: Tensor) -> Tensor:
     return r.log() + (ma.squeeze(-1) + mb.squeeze(-1))
 
 
+def _scan_grad(semiring: "Semiring", init: Tensor, xs: Tensor, grad: Tensor):
+    """Gradients of the plain (differentiable) scan: for gradients of gradients."""
+    wanted = [t for t in (init, xs) if t.requires_grad]
+    found = iter(torch.autograd.grad(Semiring.scan(semiring, init, xs), wanted, grad, create_graph=True, allow_unused=True))
+    return tuple(next(found) if t.requires_grad else None for t in (init, xs))
+
+
+class _LogScan(torch.autograd.Function):
+    """``Semiring.scan`` in the Log semiring as one autograd node: the forward keeps only the chart
+    ``[*, B, T, L]``; the backward runs the outside recursion in reverse, writing each step's
+    gradient in place into one preallocated ``[*, B, T, K, L]``. For gradients of gradients
+    (``create_graph=True``) it differentiates the plain loop instead, so every order works."""
+
+    @staticmethod
+    def forward(ctx, init: Tensor, xs: Tensor) -> Tensor:
+        alphas = xs.new_empty(xs.shape[-3], *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
+        prev = init
+        for t, x in enumerate(xs.unbind(-3)):
+            torch.logsumexp(prev.unsqueeze(-1) + x, -2, out=alphas[t])
+            prev = alphas[t]
+        ctx.save_for_backward(init, xs, alphas)
+        return alphas.movedim(0, -2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        init, xs, alphas = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _scan_grad(Log, init, xs, grad)
+        safe = _finite_or_zero(alphas)  # where every path is forbidden, exp(-inf - 0) = 0, not NaN
+        gxs = torch.empty_like(xs)
+        carry = torch.zeros_like(init)
+        for t in range(xs.shape[-3] - 1, -1, -1):
+            g = grad[..., t, :] + carry
+            w = gxs[..., t, :, :]
+            torch.add((alphas[t - 1] if t else init).unsqueeze(-1), xs[..., t, :, :], out=w)
+            w.sub_(safe[t].unsqueeze(-2)).exp_().mul_(g.unsqueeze(-2))
+            carry = w.sum(-1)
+        return carry, gxs
+
+
+class _MaxScan(torch.autograd.Function):
+    """``Semiring.scan`` in the Max semiring as one autograd node with backpointers: the backward
+    sends each gradient along the argmax of its step (Viterbi's backtrace, as a gradient)."""
+
+    @staticmethod
+    def forward(ctx, init: Tensor, xs: Tensor) -> Tensor:
+        shape = (xs.shape[-3], *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
+        alphas = xs.new_empty(shape)
+        pointers = torch.empty(shape, dtype=torch.long, device=xs.device)
+        prev = init
+        for t, x in enumerate(xs.unbind(-3)):
+            torch.max(prev.unsqueeze(-1) + x, -2, out=(alphas[t], pointers[t]))
+            prev = alphas[t]
+        ctx.save_for_backward(init, xs, pointers)
+        return alphas.movedim(0, -2)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        init, xs, pointers = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            return _scan_grad(Max, init, xs, grad)
+        gxs = torch.zeros_like(xs)
+        carry = torch.zeros_like(init)
+        for t in range(xs.shape[-3] - 1, -1, -1):
+            g = grad[..., t, :] + carry
+            back = pointers[t]
+            gxs[..., t, :, :].scatter_(-2, back.unsqueeze(-2), g.unsqueeze(-2))
+            carry = torch.zeros_like(init).scatter_add_(-1, back, g)
+        return carry, gxs
+
+
 def _reduce_to(t: Tensor, shape: torch.Size) -> Tensor:
     """Sum ``t`` over the dimensions along which a tensor of ``shape`` was broadcast."""
     if t.shape == shape:
@@ -156,6 +239,9 @@ class LogSemiring(Semiring):
     def sum(self, x, dim):
         return _LogSumExp.apply(x, dim)
 
+    def scan(self, init, xs):
+        return _LogScan.apply(init, xs)
+
     def dot(self, a, b, dim):
         if dim == -1 and a.dim() >= 3 and b.dim() >= 3:  # [*, B, L, K]: a row shared by L, a matrix shared by B
             if a.shape[-2] == 1 and b.shape[-2] > 1 and b.shape[-3] == 1 < a.shape[-3]:
@@ -175,6 +261,9 @@ class MaxSemiring(LogSemiring):
 
     def dot(self, a, b, dim):
         return (a + b).max(dim).values
+
+    def scan(self, init, xs):
+        return _MaxScan.apply(init, xs)
 
 
 class _SampledSum(torch.autograd.Function):
@@ -215,6 +304,8 @@ class SampledSemiring(LogSemiring):
 
     def dot(self, a, b, dim):
         return self.sum(a + b, dim)
+
+    scan = Semiring.scan  # its backward draws: the plain loop of its own sums
 
 
 class RealSemiring(Semiring):

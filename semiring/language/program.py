@@ -212,7 +212,15 @@ class _Job:
         chunks = self.chunks(elements)
         like = elements[0] if elements else torch.zeros(0)
         store: dict[tuple[str, int], Tensor] = {}
+        scanned: dict[tuple[str, int], tuple[Tensor, int]] = {}  # (chart, level) -> (its run's chart, first level)
+        skip_to = 0
         for lev, level in enumerate(self.sch.levels):
+            if lev < skip_to:
+                continue
+            run = self.sch.runs.get(lev)
+            if run is not None and self._scan(run, elements, store, scanned):
+                skip_to = run.stop
+                continue
             concat: dict[tuple[str, tuple[int, ...]], Tensor] = {}
 
             def read(rd: Read) -> Tensor:
@@ -223,7 +231,7 @@ class _Job:
                 else:
                     key = (rd.source, rd.levels)
                     if key not in concat:
-                        concat[key] = torch.cat([store[(rd.source, sl)] for sl in rd.levels], dim=-1)
+                        concat[key] = torch.cat(self._blocks(rd.source, rd.levels, store, scanned), dim=-1)
                     src = concat[key]
                 return _read(src, rd)
 
@@ -231,6 +239,41 @@ class _Job:
             for chart, value in self.assemble(level, results).items():
                 store[(chart, lev)] = value
         return self.select_goal(store[(GOAL, self.sch.goal_level)])
+
+    @staticmethod
+    def _blocks(chart: str, levels: tuple[int, ...], store, scanned) -> list[Tensor]:
+        """The values of ``chart`` at ``levels``, in order, as few tensors as possible: consecutive
+        levels of one scan are one slice of its output (per-level views would each cost a
+        chart-sized gradient)."""
+        out, i = [], 0
+        while i < len(levels):
+            if (chart, levels[i]) not in scanned:
+                out.append(store[(chart, levels[i])])
+                i += 1
+                continue
+            alphas, first = scanned[(chart, levels[i])]
+            j = i
+            while j + 1 < len(levels) and levels[j + 1] == levels[j] + 1 and scanned.get((chart, levels[j + 1]), (None,))[0] is alphas:
+                j += 1
+            block = alphas.narrow(-2, levels[i] - first, j - i + 1)
+            out.append(block.reshape(*block.shape[:-2], -1))
+            i = j + 1
+        return out
+
+    def _scan(self, run, elements: list[Tensor], store: dict[tuple[str, int], Tensor], scanned) -> bool:
+        """Compute a run of chain levels by one ``semiring.scan``; False when its input is shared by
+        the batch (then the levels run one by one)."""
+        x = elements[self.names.index(run.source)]
+        if x.shape[self.lead] != self.batch:
+            return False
+        flat = x.reshape(*x.shape[: self.lead + 1], -1)
+        T = run.stop - run.start
+        xs = flat.narrow(-1, run.offset, T * run.K * run.L).reshape(*flat.shape[:-1], T, run.K, run.L)
+        alphas = self.semiring.scan(store[(run.chart, run.start - 1)], xs)
+        for t in range(T):
+            store[(run.chart, run.start + t)] = alphas[..., t, :]
+            scanned[(run.chart, run.start + t)] = (alphas, run.start)
+        return True
 
     # ---------------------------------------------------------------- fast first-order (tape)
 

@@ -58,6 +58,22 @@ class Level:
 
 
 @dataclass
+class Run:
+    """Levels ``start..stop-1`` of a chain program: each computes ``chart`` at one level as one ``dot``
+    of the whole previous level (``K`` items) with its own chunk of ``source`` (``K × L`` entries,
+    from-index first), chunks that lie one after the other from ``offset`` in the flat input.
+    They run as one ``Semiring.scan``."""
+
+    chart: str
+    source: str
+    start: int
+    stop: int
+    K: int
+    L: int
+    offset: int
+
+
+@dataclass
 class Schedule:
     levels: list[Level]
     chunks: dict[str, tuple[torch.Tensor | None, list[int] | None]]  # input -> (order or None, size per level; None: not split)
@@ -65,6 +81,7 @@ class Schedule:
     lengths: np.ndarray
     offsets: dict[tuple[str, int], tuple[int, int]]  # (chart, level) -> (start, size) in the chart's buffer
     sizes: dict[str, int]  # chart -> buffer size (all its levels, in order)
+    runs: dict[int, Run] = field(default_factory=dict)  # first level -> a run of chain levels
 
     @property
     def gathers_levels(self) -> bool:
@@ -219,4 +236,45 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
             index[q, : len(c)] = c
             mask[q, : len(c)] = True
         levels[lev].charts[chart] = Assembly([w[0] for w in ws], torch.from_numpy(index), None if mask.all() else torch.from_numpy(mask))
-    return Schedule(levels, chunks, top, gr.lengths, offsets, chart_sizes)
+    sch = Schedule(levels, chunks, top, gr.lengths, offsets, chart_sizes)
+    sch.runs = _chain_runs(sch)
+    return sch
+
+
+def _chain_step(sch: Schedule, lev: int) -> tuple[str, str, int, int] | None:
+    """(chart, input, K, L) when level ``lev`` is one step ``chart[lev, c] = ⊕_y chart[lev-1, y] ⊗
+    input_chunk[y, c]`` over the whole previous level; None otherwise."""
+    level = sch.levels[lev]
+    if len(level.steps) != 1 or len(level.charts) != 1:
+        return None
+    st = level.steps[0]
+    if st.mask is not None or st.outer or len(st.reads) != 2 or level.charts[st.chart].index is not None:
+        return None
+    rows = [r for r in st.reads if r.kind == "chart" and r.source == st.chart and r.levels == (lev - 1,)
+            and r.pattern == "row" and r.offset == 0]
+    mats = [r for r in st.reads if r.kind == "input" and r.pattern == "transpose"]
+    if len(rows) != 1 or len(mats) != 1 or sch.offsets.get((st.chart, lev - 1), (0, -1))[1] != st.K:
+        return None
+    order, sizes = sch.chunks[mats[0].source]
+    if order is not None or sizes is None or sizes[lev] != st.K * st.L:
+        return None
+    return st.chart, mats[0].source, st.K, st.L
+
+
+def _chain_runs(sch: Schedule) -> dict[int, Run]:
+    """Maximal runs of two or more consecutive chain levels over the same chart, input and sizes."""
+    runs: dict[int, Run] = {}
+    current: Run | None = None
+    for lev in range(1, sch.goal_level + 1):
+        step = _chain_step(sch, lev) if lev < sch.goal_level else None
+        if current and step == (current.chart, current.source, current.K, current.L):
+            current.stop = lev + 1
+            continue
+        if current and current.stop - current.start >= 2:
+            runs[current.start] = current
+        current = None
+        if step:
+            chart, source, K, L = step
+            offset = sum(sch.chunks[source][1][:lev])
+            current = Run(chart, source, lev, lev + 1, K, L, offset)
+    return runs
