@@ -52,15 +52,21 @@ class Semiring:
     def dot(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
         return self.sum(self.times(a, b), dim)
 
-    def scan(self, init: Tensor, xs: Tensor) -> Tensor:
-        """The recurrence ``alpha_t[c] = ⊕_y alpha_{t-1}[y] ⊗ xs_t[y, c]`` from ``alpha_{-1} = init``:
-        ``init [*, B, K]``, ``xs [*, B, T, K, L]`` -> every ``alpha_t``, ``[*, B, T, L]``.
+    def scan(self, init: Tensor, xs: Tensor, unary: Tensor | None = None) -> Tensor:
+        """The recurrence ``alpha_t[c] = (⊕_y alpha_{t-1}[y] ⊗ xs_t[y, c]) ⊗ unary_t[c]`` from
+        ``alpha_{-1} = init``: ``init [*, B, K]``; ``xs [*, B, T, K, L]`` (a matrix per step and
+        example), or ``[*, 1, 1, K, L]`` (one matrix for every step and example); ``unary [*, B, T, L]``
+        or None -> every ``alpha_t``, ``[*, B, T, L]``.
 
         The language runs consecutive levels of a chain program through this; semirings override it
         with one fused node for the whole recurrence where that is faster."""
+        steps = unary.shape[-2] if unary is not None else xs.shape[-3]
+        mats = xs.unbind(-3) if xs.shape[-3] == steps else [xs.select(-3, 0)] * steps
+        units = unary.unbind(-2) if unary is not None else [None] * steps
         out, prev = [], init
-        for x in xs.unbind(-3):
+        for x, u in zip(mats, units):
             prev = self.dot(prev.unsqueeze(-2), x.transpose(-1, -2), -1)
+            prev = prev if u is None else self.times(prev, u)
             out.append(prev)
         return torch.stack(out, -2)
 
@@ -139,44 +145,101 @@ def _log_matvec(a: Tensor, b: Tensor) -> Tensor:
     return r.log() + (ma.squeeze(-1) + mb.squeeze(-1))
 
 
-def _scan_grad(semiring: "Semiring", init: Tensor, xs: Tensor, grad: Tensor):
+def _scan_grad(semiring: "Semiring", grad: Tensor, *inputs: Tensor | None):
     """Gradients of the plain (differentiable) scan: for gradients of gradients."""
-    wanted = [t for t in (init, xs) if t.requires_grad]
-    found = iter(torch.autograd.grad(Semiring.scan(semiring, init, xs), wanted, grad, create_graph=True, allow_unused=True))
-    return tuple(next(found) if t.requires_grad else None for t in (init, xs))
+    wanted = [t for t in inputs if t is not None and t.requires_grad]
+    found = iter(torch.autograd.grad(Semiring.scan(semiring, *inputs), wanted, grad, create_graph=True, allow_unused=True))
+    return tuple(next(found) if t is not None and t.requires_grad else None for t in inputs)
+
+
+def _scan_shapes(init: Tensor, xs: Tensor, unary: Tensor | None):
+    """(steps, whether one matrix serves every step) of a scan without component dimensions:
+    ``init [B, K]``, ``xs [B or 1, T or 1, K, L]``, ``unary [B, T, L]`` or None."""
+    steps = unary.shape[-2] if unary is not None else xs.shape[-3]
+    return steps, xs.shape[-3] == 1 and steps > 1
 
 
 class _LogScan(torch.autograd.Function):
-    """``Semiring.scan`` in the Log semiring as one autograd node: the forward keeps only the chart
-    ``[*, B, T, L]``; the backward runs the outside recursion in reverse, writing each step's
-    gradient in place into one preallocated ``[*, B, T, K, L]``. For gradients of gradients
-    (``create_graph=True``) it differentiates the plain loop instead, so every order works."""
+    """``Semiring.scan`` in the Log semiring as one autograd node.
+
+    Per-step matrices: the forward keeps only the chart; the backward runs the outside recursion in
+    reverse with in-place ops, one preallocated gradient for all steps. One matrix for every step
+    and example (a transition matrix): each step is a matrix product with ``exp(matrix - column
+    max)``, computed once; all terms are products of numbers in [0, 1], so the result is exact to
+    rounding unless a whole row underflows, which one check at the end detects (then the steps are
+    summed in log space instead). For gradients of gradients (``create_graph=True``) the backward
+    differentiates the plain loop, so every order works."""
 
     @staticmethod
-    def forward(ctx, init: Tensor, xs: Tensor) -> Tensor:
-        alphas = xs.new_empty(xs.shape[-3], *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
-        prev = init
-        for t, x in enumerate(xs.unbind(-3)):
-            torch.logsumexp(prev.unsqueeze(-1) + x, -2, out=alphas[t])
-            prev = alphas[t]
-        ctx.save_for_backward(init, xs, alphas)
+    def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None) -> Tensor:
+        steps, one_matrix = _scan_shapes(init, xs, unary)
+        base = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # the ⊕ of each step, before unary
+        ctx.products = one_matrix and xs.shape[0] == 1 and _LogScan._by_products(ctx, init, xs, unary, base)
+        if not ctx.products:
+            prev = init
+            mats = xs.transpose(-1, -2)  # [.., L, K]: each step reduces over its contiguous last dimension
+            for t in range(steps):
+                torch.logsumexp(prev.unsqueeze(-2) + mats[:, t if xs.shape[1] > 1 else 0], -1, out=base[t])
+                prev = base[t] if unary is None else base[t] + unary[:, t]
+        alphas = base if unary is None else base + unary.movedim(-2, 0)
+        ctx.save_for_backward(init, xs, unary, base, alphas)
         return alphas.movedim(0, -2)
 
     @staticmethod
+    def _by_products(ctx, init: Tensor, xs: Tensor, unary: Tensor | None, base: Tensor) -> bool:
+        low = torch.finfo(xs.dtype).min
+        x = xs[0, 0]  # [K, L]
+        mx = x.amax(0).clamp_min(low)
+        E = (x - mx).exp()
+        shifted, sums, worst = [], [], xs.new_ones(())
+        prev = init
+        for t in range(base.shape[0]):
+            ma = prev.amax(-1, keepdim=True).clamp_min(low)
+            a = (prev - ma).exp()
+            r = a @ E  # [B, L]
+            worst = torch.minimum(worst, r.amin())
+            torch.add(r.log(), ma, out=base[t]).add_(mx)
+            shifted.append(a)
+            sums.append(r)
+            prev = base[t] if unary is None else base[t] + unary[:, t]
+        if bool(worst < torch.finfo(xs.dtype).tiny ** 0.8):
+            return False
+        ctx.E, ctx.shifted, ctx.sums = E, shifted, sums
+        return True
+
+    @staticmethod
     def backward(ctx, grad: Tensor):
-        init, xs, alphas = ctx.saved_tensors
+        init, xs, unary, base, alphas = ctx.saved_tensors
         if torch.is_grad_enabled():
-            return _scan_grad(Log, init, xs, grad)
-        safe = _finite_or_zero(alphas)  # where every path is forbidden, exp(-inf - 0) = 0, not NaN
-        gxs = torch.empty_like(xs)
+            return _scan_grad(Log, grad, init, xs, unary)
+        steps = base.shape[0]
         carry = torch.zeros_like(init)
-        for t in range(xs.shape[-3] - 1, -1, -1):
-            g = grad[..., t, :] + carry
-            w = gxs[..., t, :, :]
-            torch.add((alphas[t - 1] if t else init).unsqueeze(-1), xs[..., t, :, :], out=w)
+        gu = torch.empty_like(grad) if unary is not None else None
+        if ctx.products:
+            gE = torch.zeros_like(ctx.E)
+            for t in range(steps - 1, -1, -1):
+                g = grad[:, t] + carry
+                if gu is not None:
+                    gu[:, t] = g
+                q = g / ctx.sums[t]
+                gE += ctx.shifted[t].transpose(0, 1) @ q
+                carry = ctx.shifted[t] * (q @ ctx.E.transpose(0, 1))
+            return carry, (ctx.E * gE).reshape(xs.shape), gu
+        per_step = xs.shape[1] > 1  # else one matrix [1, 1, K, L] for every step and example
+        gx = torch.empty_like(xs) if per_step else None
+        total = None
+        safe = _finite_or_zero(base)  # where every path is forbidden, exp(-inf - 0) = 0, not NaN
+        for t in range(steps - 1, -1, -1):
+            g = grad[:, t] + carry
+            if gu is not None:
+                gu[:, t] = g
+            w = gx[:, t] if gx is not None else torch.empty_like(safe[t].unsqueeze(-2) + xs[:, 0])
+            torch.add((alphas[t - 1] if t else init).unsqueeze(-1), xs[:, t if per_step else 0], out=w)
             w.sub_(safe[t].unsqueeze(-2)).exp_().mul_(g.unsqueeze(-2))
+            if gx is None:
+                total = w.sum(0) if total is None else total + w.sum(0)
             carry = w.sum(-1)
-        return carry, gxs
+        return carry, (gx if gx is not None else total.reshape(xs.shape)), gu
 
 
 class _MaxScan(torch.autograd.Function):
@@ -184,30 +247,42 @@ class _MaxScan(torch.autograd.Function):
     sends each gradient along the argmax of its step (Viterbi's backtrace, as a gradient)."""
 
     @staticmethod
-    def forward(ctx, init: Tensor, xs: Tensor) -> Tensor:
-        shape = (xs.shape[-3], *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
+    def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None) -> Tensor:
+        steps, _ = _scan_shapes(init, xs, unary)
+        shape = (steps, *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
         alphas = xs.new_empty(shape)
         pointers = torch.empty(shape, dtype=torch.long, device=xs.device)
         prev = init
-        for t, x in enumerate(xs.unbind(-3)):
-            torch.max(prev.unsqueeze(-1) + x, -2, out=(alphas[t], pointers[t]))
+        mats = xs.transpose(-1, -2)  # [.., L, K]: each step reduces over its contiguous last dimension
+        mats = mats.contiguous() if xs.shape[1] == 1 else mats
+        for t in range(steps):
+            torch.max(prev.unsqueeze(-2) + mats[:, t if xs.shape[1] > 1 else 0], -1, out=(alphas[t], pointers[t]))
+            if unary is not None:
+                alphas[t] += unary[:, t]
             prev = alphas[t]
-        ctx.save_for_backward(init, xs, pointers)
+        ctx.save_for_backward(init, xs, unary, pointers)
         return alphas.movedim(0, -2)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        init, xs, pointers = ctx.saved_tensors
+        init, xs, unary, pointers = ctx.saved_tensors
         if torch.is_grad_enabled():
-            return _scan_grad(Max, init, xs, grad)
-        gxs = torch.zeros_like(xs)
+            return _scan_grad(Max, grad, init, xs, unary)
+        per_step = xs.shape[1] > 1  # else one matrix [1, 1, K, L] for every step and example
+        gx = torch.zeros_like(xs) if per_step else torch.zeros_like(xs[0, 0])
+        gu = torch.empty_like(grad) if unary is not None else None
         carry = torch.zeros_like(init)
-        for t in range(xs.shape[-3] - 1, -1, -1):
-            g = grad[..., t, :] + carry
+        for t in range(pointers.shape[0] - 1, -1, -1):
+            g = grad[:, t] + carry
+            if gu is not None:
+                gu[:, t] = g
             back = pointers[t]
-            gxs[..., t, :, :].scatter_(-2, back.unsqueeze(-2), g.unsqueeze(-2))
+            if per_step:
+                gx[:, t].scatter_(-2, back.unsqueeze(-2), g.unsqueeze(-2))
+            else:
+                gx.scatter_add_(0, back, g)
             carry = torch.zeros_like(init).scatter_add_(-1, back, g)
-        return carry, gxs
+        return carry, (gx if per_step else gx.reshape(xs.shape)), gu
 
 
 def _reduce_to(t: Tensor, shape: torch.Size) -> Tensor:
@@ -239,8 +314,8 @@ class LogSemiring(Semiring):
     def sum(self, x, dim):
         return _LogSumExp.apply(x, dim)
 
-    def scan(self, init, xs):
-        return _LogScan.apply(init, xs)
+    def scan(self, init, xs, unary=None):
+        return _LogScan.apply(init, xs, unary)
 
     def dot(self, a, b, dim):
         if dim == -1 and a.dim() >= 3 and b.dim() >= 3:  # [*, B, L, K]: a row shared by L, a matrix shared by B
@@ -262,8 +337,8 @@ class MaxSemiring(LogSemiring):
     def dot(self, a, b, dim):
         return (a + b).max(dim).values
 
-    def scan(self, init, xs):
-        return _MaxScan.apply(init, xs)
+    def scan(self, init, xs, unary=None):
+        return _MaxScan.apply(init, xs, unary)
 
 
 class _SampledSum(torch.autograd.Function):

@@ -261,15 +261,26 @@ class _Job:
         return out
 
     def _scan(self, run, elements: list[Tensor], store: dict[tuple[str, int], Tensor], scanned) -> bool:
-        """Compute a run of chain levels by one ``semiring.scan``; False when its input is shared by
-        the batch (then the levels run one by one)."""
-        x = elements[self.names.index(run.source)]
-        if x.shape[self.lead] != self.batch:
-            return False
-        flat = x.reshape(*x.shape[: self.lead + 1], -1)
+        """Compute a run of chain levels by one ``semiring.scan``; False (the levels then run one by
+        one) when an input's batch does not fit the scan's shapes."""
         T = run.stop - run.start
-        xs = flat.narrow(-1, run.offset, T * run.K * run.L).reshape(*flat.shape[:-1], T, run.K, run.L)
-        alphas = self.semiring.scan(store[(run.chart, run.start - 1)], xs)
+        flat = {name: x.reshape(*x.shape[: self.lead + 1], -1) for name, x in zip(self.names, elements)}
+        x = flat[run.matrix]
+        if run.shared:
+            if x.shape[self.lead] != 1:
+                return False
+            xs = x.reshape(*x.shape[:-1], 1, run.K, run.L)
+        else:
+            if x.shape[self.lead] != self.batch:
+                return False
+            xs = x.narrow(-1, run.offset, T * run.K * run.L).reshape(*x.shape[:-1], T, run.K, run.L)
+        unary = None
+        if run.unary is not None:
+            u = flat[run.unary]
+            if u.shape[self.lead] != self.batch:
+                return False
+            unary = u.narrow(-1, run.unary_offset, T * run.L).reshape(*u.shape[:-1], T, run.L)
+        alphas = self.semiring.scan(store[(run.chart, run.start - 1)], xs, unary)
         for t in range(T):
             store[(run.chart, run.start + t)] = alphas[..., t, :]
             scanned[(run.chart, run.start + t)] = (alphas, run.start)

@@ -60,17 +60,21 @@ class Level:
 @dataclass
 class Run:
     """Levels ``start..stop-1`` of a chain program: each computes ``chart`` at one level as one ``dot``
-    of the whole previous level (``K`` items) with its own chunk of ``source`` (``K × L`` entries,
-    from-index first), chunks that lie one after the other from ``offset`` in the flat input.
-    They run as one ``Semiring.scan``."""
+    of the whole previous level (``K`` items) with a ``K × L`` matrix of ``matrix`` (from-index
+    first) — its own chunk per level, from ``offset`` on in the flat input, or the whole input at
+    every level (``shared``) — then ⊗ its chunk of ``unary`` (``L`` entries from ``unary_offset``),
+    if any. They run as one ``Semiring.scan``."""
 
     chart: str
-    source: str
+    matrix: str
+    shared: bool
+    unary: str | None
     start: int
     stop: int
     K: int
     L: int
-    offset: int
+    offset: int = 0
+    unary_offset: int = 0
 
 
 @dataclass
@@ -83,11 +87,7 @@ class Schedule:
     sizes: dict[str, int]  # chart -> buffer size (all its levels, in order)
     runs: dict[int, Run] = field(default_factory=dict)  # first level -> a run of chain levels
 
-    @property
-    def gathers_levels(self) -> bool:
-        """Whether some read before the goal spans several levels (span programs do; chain programs
-        do not: only their goal, computed once at the end, reads every level)."""
-        return any(len(rd.levels) > 1 for lev in self.levels[: self.goal_level] for st in lev.steps for rd in st.reads)
+    gathers_levels: bool = False  # some read before the goal spans several levels (span programs)
 
 
 def _pattern(idx: np.ndarray, size: int) -> tuple[str, int]:
@@ -238,43 +238,55 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
         levels[lev].charts[chart] = Assembly([w[0] for w in ws], torch.from_numpy(index), None if mask.all() else torch.from_numpy(mask))
     sch = Schedule(levels, chunks, top, gr.lengths, offsets, chart_sizes)
     sch.runs = _chain_runs(sch)
+    sch.gathers_levels = any(len(rd.levels) > 1 for lev in levels[:top] for st in lev.steps for rd in st.reads)
     return sch
 
 
-def _chain_step(sch: Schedule, lev: int) -> tuple[str, str, int, int] | None:
-    """(chart, input, K, L) when level ``lev`` is one step ``chart[lev, c] = ⊕_y chart[lev-1, y] ⊗
-    input_chunk[y, c]`` over the whole previous level; None otherwise."""
+def _chain_step(sch: Schedule, lev: int) -> tuple | None:
+    """(chart, matrix input, shared, unary input or None, K, L) when level ``lev`` is one step
+    ``chart[lev, c] = (⊕_y chart[lev-1, y] ⊗ matrix[y, c]) ⊗ unary[c]`` over the whole previous
+    level; None otherwise."""
     level = sch.levels[lev]
     if len(level.steps) != 1 or len(level.charts) != 1:
         return None
     st = level.steps[0]
-    if st.mask is not None or st.outer or len(st.reads) != 2 or level.charts[st.chart].index is not None:
+    if st.mask is not None or level.charts[st.chart].index is not None or len(st.reads) - st.outer != 2 or st.outer > 1:
         return None
-    rows = [r for r in st.reads if r.kind == "chart" and r.source == st.chart and r.levels == (lev - 1,)
+    inner, outer = st.reads[:2], st.reads[2:]
+    rows = [r for r in inner if r.kind == "chart" and r.source == st.chart and r.levels == (lev - 1,)
             and r.pattern == "row" and r.offset == 0]
-    mats = [r for r in st.reads if r.kind == "input" and r.pattern == "transpose"]
+    mats = [r for r in inner if r.kind == "input" and r.pattern == "transpose" and r.offset == 0]
     if len(rows) != 1 or len(mats) != 1 or sch.offsets.get((st.chart, lev - 1), (0, -1))[1] != st.K:
         return None
     order, sizes = sch.chunks[mats[0].source]
-    if order is not None or sizes is None or sizes[lev] != st.K * st.L:
+    shared = sizes is None
+    if order is not None or (not shared and sizes[lev] != st.K * st.L):
         return None
-    return st.chart, mats[0].source, st.K, st.L
+    unary = None
+    if outer:
+        u = outer[0]
+        u_order, u_sizes = sch.chunks.get(u.source, (None, None)) if u.kind == "input" else (None, None)
+        if u.kind != "input" or u.pattern != "reshape" or u_order is not None or u_sizes is None or u_sizes[lev] != st.L:
+            return None
+        unary = u.source
+    return st.chart, mats[0].source, shared, unary, st.K, st.L
 
 
 def _chain_runs(sch: Schedule) -> dict[int, Run]:
-    """Maximal runs of two or more consecutive chain levels over the same chart, input and sizes."""
+    """Maximal runs of two or more consecutive chain levels over the same chart, inputs and sizes."""
     runs: dict[int, Run] = {}
     current: Run | None = None
     for lev in range(1, sch.goal_level + 1):
         step = _chain_step(sch, lev) if lev < sch.goal_level else None
-        if current and step == (current.chart, current.source, current.K, current.L):
+        if current and step == (current.chart, current.matrix, current.shared, current.unary, current.K, current.L):
             current.stop = lev + 1
             continue
         if current and current.stop - current.start >= 2:
             runs[current.start] = current
         current = None
         if step:
-            chart, source, K, L = step
-            offset = sum(sch.chunks[source][1][:lev])
-            current = Run(chart, source, lev, lev + 1, K, L, offset)
+            chart, matrix, shared, unary, K, L = step
+            offset = 0 if shared else sum(sch.chunks[matrix][1][:lev])
+            unary_offset = sum(sch.chunks[unary][1][:lev]) if unary else 0
+            current = Run(chart, matrix, shared, unary, lev, lev + 1, K, L, offset, unary_offset)
     return runs
