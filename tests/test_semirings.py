@@ -220,3 +220,47 @@ def test_expectation_semiring_gives_the_expected_value(base):
 def test_expectation_needs_a_signed_base():
     with pytest.raises(ValueError, match="base"):
         sr.Expectation(sr.Max)
+
+
+# ---------------------------------------------------------------- fused scans
+
+
+SCAN_CASES = {
+    "a matrix per step": ((3, 5, 4, 4), None),
+    "a matrix per step and a unary": ((3, 5, 4, 4), (3, 5, 4)),
+    "one shared matrix and a unary": ((1, 1, 4, 4), (3, 5, 4)),
+}
+
+
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
+@pytest.mark.parametrize("case", SCAN_CASES, ids=str)
+@pytest.mark.parametrize("forbid", [0.0, 0.4])
+def test_fused_scans_equal_the_loop_of_dots_with_their_gradients(semiring, case, forbid):
+    g = torch.Generator().manual_seed(17)
+    xs_shape, unary_shape = SCAN_CASES[case]
+
+    def draw(shape):
+        t = torch.randn(shape, generator=g, dtype=torch.float64)
+        return t.masked_fill(torch.rand(shape, generator=g) < forbid, float("-inf")).requires_grad_()
+
+    init, xs = draw((3, 4)), draw(xs_shape)
+    unary = draw(unary_shape) if unary_shape else None
+    fused, loop = semiring.scan(init, xs, unary), sr.Semiring.scan(semiring, init, xs, unary)
+    finite = torch.isfinite(loop)
+    assert torch.equal(torch.isfinite(fused), finite)
+    assert_close(fused[finite], loop[finite])
+    w = torch.randn(loop.shape, generator=g, dtype=torch.float64)
+    inputs = [t for t in (init, xs, unary) if t is not None]
+    for a, b in zip(torch.autograd.grad((fused.masked_fill(~finite, 0) * w).sum(), inputs),
+                    torch.autograd.grad((loop.masked_fill(~finite, 0) * w).sum(), inputs)):
+        assert not a.isnan().any()
+        assert_close(a, b)
+
+
+def test_the_fused_log_scan_has_second_derivatives():
+    g = torch.Generator().manual_seed(18)
+    init = torch.randn(2, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    for xs in (torch.randn(2, 4, 3, 3, generator=g, dtype=torch.float64), torch.randn(1, 1, 3, 3, generator=g, dtype=torch.float64)):
+        unary = torch.randn(2, 4, 3, generator=g, dtype=torch.float64, requires_grad=True)
+        xs.requires_grad_()
+        assert torch.autograd.gradgradcheck(lambda i, x, u: sr.Log.scan(i, x, u), (init, xs, unary))

@@ -1,0 +1,83 @@
+"""Projective dependency CRF marginals: ours (Eisner declared in the language) against torch-struct
+0.5 ``DependencyCRF`` and SuPar's ``DependencyCRF``, in the same process, on the same scores.
+
+Run ``python -m benchmarks.projective`` (``--quick`` for a smoke run). Prints a markdown table of
+medians (round-robin, see benchmarks/common.py), the ratios peer / ours, and peak tensor bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import torch
+from tqdm import tqdm
+
+from benchmarks.common import fmt_bytes, machine_info, markdown_table, peak_tensor_bytes, setup, time_round_robin
+from structures import ProjectiveDependencyCRF
+
+B = 16
+
+
+def ours(theta: torch.Tensor) -> torch.Tensor:
+    return ProjectiveDependencyCRF(theta).marginals
+
+
+def torch_struct(theta: torch.Tensor) -> torch.Tensor:
+    """torch-struct takes ``[B, N, N]`` with [head, modifier] over words and root scores on the
+    diagonal; 0.5 needs a non-leaf that requires grad on current torch."""
+    import torch_struct
+
+    x = theta[:, 1:, 1:].clone()
+    x.diagonal(dim1=-2, dim2=-1).copy_(theta[:, 0, 1:])
+    m = torch_struct.DependencyCRF(x.requires_grad_() * 1, multiroot=True).marginals
+    out = theta.new_zeros(theta.shape)
+    out[:, 1:, 1:] = m
+    out[:, 1:, 1:].diagonal(dim1=-2, dim2=-1).zero_()
+    out[:, 0, 1:] = m.diagonal(dim1=-2, dim2=-1)
+    return out
+
+
+def supar(theta: torch.Tensor) -> torch.Tensor:
+    """SuPar takes ``[B, N+1, N+1]`` indexed [dependent, head]."""
+    from supar.structs import DependencyCRF
+
+    return DependencyCRF(theta.transpose(1, 2).clone().requires_grad_(), multiroot=True).marginals.transpose(1, 2)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=9)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="3 rounds, n = 32 and 64")
+    args = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    setup(args.threads)
+    sizes = (32, 64) if args.quick else (64, 128)
+    repeat = 3 if args.quick else args.repeat
+    rows, memory = [], []
+    for n in tqdm(sizes, desc="projective"):
+        theta = torch.randn(B, n + 1, n + 1)
+        impls = {"ours": lambda: ours(theta), "torch-struct": lambda: torch_struct(theta), "supar": lambda: supar(theta)}
+        reference = impls["ours"]()
+        for name in ("torch-struct", "supar"):
+            got = impls[name]()
+            err = (got[:, :, 1:] - reference[:, :, 1:]).abs().max().item()
+            assert err < 1e-3, f"{name} disagrees with ours by {err}"
+        times = time_round_robin(impls, repeat=repeat, budget_s=60)
+        for name in ("torch-struct", "supar"):
+            rows.append([f"marginals B={B} n={n}", f"{times['ours'].ms:.1f}", name, f"{times[name].ms:.1f}",
+                         f"**{times[name].median / times['ours'].median:.2f}×**"])
+        peaks = {name: peak_tensor_bytes(fn) for name, fn in impls.items()}
+        for name in ("torch-struct", "supar"):
+            memory.append([f"n={n}", fmt_bytes(peaks["ours"]), name, fmt_bytes(peaks[name]), f"{peaks['ours'] / peaks[name]:.3f}"])
+    info = machine_info()
+    print(markdown_table(["", ""], [[k, v] for k, v in info.items()]))
+    print()
+    print(markdown_table(["benchmark", "ours (ms)", "peer", "peer (ms)", "peer / ours"], rows, "lllrr"))
+    print()
+    print(markdown_table(["size", "ours peak", "peer", "peer peak", "ours / peer"], memory, "llllr"))
+
+
+if __name__ == "__main__":
+    main()
