@@ -271,7 +271,7 @@ class _MaxScan(torch.autograd.Function):
         per_step = xs.shape[1] > 1  # else one matrix [1, 1, K, L] for every step and example
         gx = torch.zeros_like(xs) if per_step else torch.zeros_like(xs[0, 0])
         gu = torch.empty_like(grad) if unary is not None else None
-        carry = torch.zeros_like(init)
+        carry, spare = torch.zeros_like(init), torch.empty_like(init)
         for t in range(pointers.shape[0] - 1, -1, -1):
             g = grad[:, t] + carry
             if gu is not None:
@@ -281,7 +281,7 @@ class _MaxScan(torch.autograd.Function):
                 gx[:, t].scatter_(-2, back.unsqueeze(-2), g.unsqueeze(-2))
             else:
                 gx.scatter_add_(0, back, g)
-            carry = torch.zeros_like(init).scatter_add_(-1, back, g)
+            carry, spare = spare.zero_().scatter_add_(-1, back, g), carry
         return carry, (gx if per_step else gx.reshape(xs.shape)), gu
 
 
