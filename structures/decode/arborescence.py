@@ -165,10 +165,12 @@ def _tiers(w: np.ndarray, single_root: bool, forbidden_tier: float) -> tuple[np.
 
 def _reach_root(f: np.ndarray) -> np.ndarray:
     """``f[b, x]``: parent of x, with ``f[b, 0] = 0``. True where every node reaches 0."""
-    p = f
-    for _ in range(max(1, math.ceil(math.log2(f.shape[1])))):
-        p = np.take_along_axis(p, p, 1)
-    return (p == 0).all(1)
+    B, n1 = f.shape
+    off = np.arange(B)[:, None] * n1
+    g = (f + off).ravel()  # pointer jumping on the flattened batch
+    for _ in range(max(1, math.ceil(math.log2(n1)))):
+        g = g[g]
+    return (g.reshape(B, n1) == off).all(1)
 
 
 def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> list[int]:
