@@ -70,10 +70,6 @@ class Semiring:
             out.append(prev)
         return torch.stack(out, -2)
 
-    def dtype(self, like: Tensor) -> torch.dtype:
-        """The floating dtype elements are computed in."""
-        return like.dtype
-
     def __repr__(self) -> str:
         return self.name
 
@@ -420,9 +416,6 @@ class CountSemiring(RealSemiring):
     def convert(self, x):
         return torch.isfinite(x).to(torch.float64)
 
-    def dtype(self, like):
-        return torch.float64
-
     def zero(self, shape, like):
         return torch.zeros(tuple(shape), dtype=torch.float64, device=like.device)
 
@@ -614,9 +607,6 @@ class Derivations(Semiring):
     def prepare(self, inputs):
         self.part_sizes = [x[0].numel() if x.dim() else 1 for x in inputs]
         self._next = 0
-
-    def dtype(self, like):
-        return torch.float32
 
     def convert(self, x):
         size = x[0].numel()
