@@ -151,6 +151,36 @@ def _zero_diag(a: Tensor, ops) -> Tensor:
 # ------------------------------------------------------------------------------------- inverse
 
 
+_BASE = 16  # blocks up to this size are eliminated one word at a time (linear backend)
+
+
+def _inverse_unblocked(A: Tensor, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`inverse` of a small block in float64: GTH elimination one word at a time (pivot
+    ``d_k = g_k + Σ_{i>k} A_ik`` from the margins, never by a subtraction), ``M = L D U`` with
+    unit triangular ``L = I - Lo``, ``U = I - Up`` (``Lo, Up >= 0``), and
+    ``M^{-1} = (I - Up)^{-1} D^{-1} (I - Lo)^{-1}`` by triangular solves, which subtract only
+    non-positive numbers (additions of non-negative ones)."""
+    s = A.shape[-1]
+    A = A.clone()
+    g = g.clone()
+    d = torch.empty_like(g)
+    for k in range(s):
+        col = A[..., k + 1 :, k]
+        dk = g[..., k] + col.sum(-1)
+        d[..., k] = dk
+        if k + 1 < s:
+            rd = A[..., k, k + 1 :] / dk[..., None]
+            A[..., k + 1 :, k + 1 :].addcmul_(col[..., :, None], rd[..., None, :])
+            g[..., k + 1 :].addcmul_(g[..., k : k + 1], rd)
+    eye = torch.eye(s, dtype=A.dtype, device=A.device)
+    low = torch.tril(A, -1) / d[..., None, :]  # Lo[i, k] = A^(k)_ik / d_k
+    up = torch.triu(A, 1) / d[..., :, None]  # Up[k, j] = A^(k)_kj / d_k
+    Linv = torch.linalg.solve_triangular(eye - low, eye.expand_as(A), upper=False, unitriangular=True)
+    Uinv = torch.linalg.solve_triangular(eye - up, eye.expand_as(A), upper=True, unitriangular=True)
+    Y = (Uinv / d[..., None, :]) @ Linv
+    return Y, d.log().sum(-1), d.amin(-1)
+
+
 def inverse(A: Tensor, g: Tensor, ops=LIN) -> tuple[Tensor, Tensor, Tensor]:
     """``(Y, logdet, low)`` for the Laplacian ``M = diag(g + colsum A) - A`` of ``A [b, s, s]``
     (zero diagonal), ``g [b, s]``, ``s`` a power of two: ``Y = M^{-1}`` (entrywise >= 0),
@@ -159,8 +189,12 @@ def inverse(A: Tensor, g: Tensor, ops=LIN) -> tuple[Tensor, Tensor, Tensor]:
     Recursive block elimination: invert the leading half (its margins include the arcs from the
     trailing half), form the trailing Schur complement as a Laplacian (off-diagonals and margins
     updated by sums of products, the diagonal never formed), invert it, assemble. No subtraction.
+    Blocks of at most ``_BASE`` words (linear backend) are eliminated one word at a time
+    (:func:`_inverse_unblocked`); 2x2 blocks have a closed form (``det = g1 g2 + g1 a12 + g2 a21``).
     """
     s = A.shape[-1]
+    if ops is LIN and 2 < s <= _BASE:
+        return _inverse_unblocked(A, g)
     if s == 1:
         return ops.div(torch.zeros_like(g).fill_(0.0 if ops is LOG else 1.0), g)[..., None], ops.log(g[..., 0]), (
             g[..., 0] if ops is LIN else g[..., 0].exp()

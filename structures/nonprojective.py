@@ -505,28 +505,27 @@ def _wilson_steps(W: Tensor, real: Tensor) -> Tensor:
     return torch.where((info == 0) & torch.isfinite(steps) & (steps > 0), steps, torch.full_like(steps, math.inf))
 
 
-def _wilson(W: Tensor, real: Tensor, start_tree: Tensor) -> Tensor:
+def _wilson(C: Tensor, pid: Tensor, start_tree: Tensor) -> Tensor:
     """Wilson's algorithm (1996), vectorised over the rows: heads ``[R, N+1]`` (0 at the root).
 
-    ``W [R, N+1, N+1]`` arc weights (column m: the weights of m's heads), ``start_tree [R, N+1]``
-    the nodes already in the tree (hanging from the root). Every iteration moves every row by one
-    step: a walker draws the next head of its node until it hits the tree, then retraces its
-    loop-erased path (the last exit from every node) into the tree, then the next node not in
-    the tree starts a walk. The loop runs as many iterations as the longest row needs.
+    ``C [P, N+1, N+1]``: the cumulative weights over heads of every problem (``C[p, h, m]`` =
+    Σ_{h' <= h} W[p, h', m]); row r samples a tree of problem ``pid[r]``. ``start_tree [R, N+1]``:
+    the nodes already in the tree (hanging from the root). Every iteration moves every running row
+    by one step: a walker draws the next head of its node until it hits the tree, then retraces its
+    loop-erased path (the last exit from every node) into the tree, then the next node not in the
+    tree starts a walk. Finished rows are set aside as the tail of long walks runs on.
     """
-    R, N1, _ = W.shape
-    dev = W.device
-    C = W.cumsum(1)  # [R, h, m]: cumulative weights of the heads of m
+    R, N1 = start_tree.shape
+    dev = C.device
     out = torch.zeros(R, N1, dtype=torch.long, device=dev)
     ids = torch.arange(R, device=dev)  # the original row of every row still running
     in_tree = start_tree.clone()
     heads = torch.zeros(R, N1, dtype=torch.long, device=dev)
     nxt = torch.zeros(R, N1, dtype=torch.long, device=dev)
-    order = torch.arange(N1, 0, -1, device=dev)
 
     def first_out(t: Tensor) -> tuple[Tensor, Tensor]:
-        score = (~t).long() * order
-        return score.argmax(1), score.amax(1) > 0
+        out_ = (~t).to(torch.uint8)
+        return out_.argmax(1), out_.amax(1) > 0  # the first node not in the tree (argmax: first max)
 
     start, more = first_out(in_tree)
     mode = torch.where(more, 0, 2)  # 0 walking, 1 retracing, 2 done
@@ -534,89 +533,111 @@ def _wilson(W: Tensor, real: Tensor, start_tree: Tensor) -> Tensor:
     while True:
         running = mode != 2
         n_run = int(running.sum())
-        if n_run < ids.numel():  # hand finished rows back, keep the running ones (the tail is long)
+        if n_run == 0 or n_run < 0.75 * ids.numel():  # hand finished rows back, keep the running ones
             done = ~running
             out[ids[done]] = heads[done]
             if n_run == 0:
                 break
             keep = running.nonzero().squeeze(1)
-            C, in_tree, heads, nxt, start, mode, u, ids = (t[keep] for t in (C, in_tree, heads, nxt, start, mode, u, ids))
+            pid, in_tree, heads, nxt, start, mode, u, ids = (t[keep] for t in (pid, in_tree, heads, nxt, start, mode, u, ids))
         rows = torch.arange(ids.numel(), device=dev)
         it = in_tree[rows, u]
         walk, retr = mode == 0, mode == 1
         w_hit, w_step = walk & it, walk & ~it
         r_add, r_end = retr & ~it, retr & it
-        col = C[rows, :, u]  # [R, N1]
-        x = torch.rand(rows.numel(), dtype=W.dtype, device=dev) * col[:, -1]
+        col = C[pid, :, u]  # [R, N1]
+        x = torch.rand(rows.numel(), dtype=C.dtype, device=dev) * col[:, -1]
         h = torch.searchsorted(col, x[:, None], right=True)[:, 0].clamp_max(N1 - 1)
         nxt_u = nxt[rows, u]
         nxt[rows, u] = torch.where(w_step, h, nxt_u)
         heads[rows, u] = torch.where(r_add, nxt_u, heads[rows, u])
         in_tree[rows, u] = it | r_add
-        new_start, more = first_out(in_tree)
-        u_new = torch.where(w_step, h, torch.where(w_hit, start, torch.where(r_add, nxt_u, u)))
+        u = torch.where(w_step, h, torch.where(w_hit, start, torch.where(r_add, nxt_u, u)))
         mode = torch.where(w_hit, 1, mode)
-        again = r_end & more
-        mode = torch.where(again, 0, torch.where(r_end & ~more, 2, mode))
-        start = torch.where(again, new_start, start)
-        u = torch.where(again, new_start, u_new)
+        ends = r_end.nonzero().squeeze(1)
+        if ends.numel():  # paths that reached the tree: the next walk starts at the first node out of it
+            new_start, more = first_out(in_tree[ends])
+            mode[ends] = torch.where(more, 0, 2)
+            start[ends] = new_start
+            u[ends] = new_start
     return out
 
 
-def _sample_heads(theta: Tensor, lengths: Tensor, single_root: bool, budget: float | None = None) -> Tensor:
-    """One exact sample of heads ``[R, N]`` per row of ``theta [R, N+1, N+1]`` (float64 inside).
+def _sequential(logW: Tensor, real: Tensor) -> Tensor:
+    """Exact multi-root samples word after word: the head of word m is drawn from its marginal
+    given the heads drawn so far (the other heads of the words already drawn forbidden). ``n``
+    exact marginal computations; heads ``[R, N+1]``."""
+    R, N1, _ = logW.shape
+    lw = logW.clone()
+    heads = torch.zeros(R, N1, dtype=torch.long, device=logW.device)
+    for m in range(1, N1):
+        on = real[:, m - 1]
+        if not bool(on.any()):
+            continue
+        _, mm = _solve(lw, real, single_root=False)
+        p = torch.where(on[:, None], mm[:, :, m], torch.ones_like(mm[:, :, m]))
+        h = torch.multinomial(p, 1)[:, 0]
+        off = on[:, None] & (torch.arange(N1, device=logW.device) != h[:, None])
+        lw[:, :, m] = lw[:, :, m].masked_fill(off, -math.inf)
+        heads[:, m] = torch.where(on, h, heads[:, m])
+    return heads
 
-    Multi-root: Wilson's algorithm where its expected running time ``Σ_m d_m X_mm`` is at most
-    ``budget`` (default ``50 (N+1)`` steps), else words are sampled one after another from their
-    exact conditional marginals (``n`` exact marginal computations). Single root (unbiased, as in
-    Stanojević 2022): the root's child c is drawn from its exact marginal, then the rest given c
-    (a multi-root problem whose only root arc goes to c) as above.
+
+def _sample_heads(theta: Tensor, lengths: Tensor, single_root: bool, copies: int = 1,
+                  budget: float | None = None) -> Tensor:
+    """``copies`` exact samples of heads of every example of ``theta [U, N+1, N+1]``: ``[copies * U, N]``
+    (row ``j * U + u`` is the j-th sample of example u), float64 inside.
+
+    Multi-root: Wilson's algorithm where its expected number of steps ``Σ_m d_m X_mm`` is at most
+    ``budget`` (default ``50 (N+1)``), else sequential conditioning on exact marginals
+    (:func:`_sequential`, ``n`` exact computations). The choice depends on the problem only, never
+    on the random draws, so both are exact. Single root (unbiased, as in Stanojević 2022): the
+    root's child c is drawn from its exact marginal, then the rest given c, a multi-root problem
+    whose only root arc goes to c, as above.
     """
     theta = theta.detach().to(torch.float64)
-    R, N1, _ = theta.shape
+    U, N1, _ = theta.shape
     N = N1 - 1
     dev = theta.device
     valid, real = _masks(N, lengths, dev)
     if budget is None:
         budget = 50.0 * N1
     logW, _ = _shift(theta, valid)
-    logZ, mu = _solve(logW, real, single_root)
-    alive = torch.isfinite(logZ)
+    R = copies * U
+    idx = torch.arange(R, device=dev) % U
     if single_root:
-        p0 = mu[:, 0, 1:] * alive[:, None]
-        p0 = torch.where(alive[:, None], p0, real.double())
-        c = torch.multinomial(p0 / p0.sum(1, keepdim=True), 1)[:, 0] + 1
-        keep = torch.nn.functional.one_hot(c, N1).bool()
-        logW = logW.clone()
-        logW[:, 0, :] = logW[:, 0, :].masked_fill(~keep, -math.inf)
-        logW, _ = _shift(logW, valid)
-    W = logW.exp()
+        logZ, mu = _solve(logW, real, single_root=True)
+        alive = torch.isfinite(logZ)
+        p0 = torch.where(alive[:, None], mu[:, 0, 1:], real.double())
+        c = torch.multinomial(p0[idx], 1)[:, 0] + 1  # [R]
+        # the problems: (example, root child) pairs
+        key, pid = torch.unique(idx * N1 + c, return_inverse=True)
+        pu, pc = key // N1, key % N1
+        plw = logW[pu].clone()
+        plw[:, 0, :] = plw[:, 0, :].masked_fill(torch.arange(N1, device=dev) != pc[:, None], -math.inf)
+        plw, _ = _shift(plw, valid[pu])
+        preal = real[pu]
+        palive = alive[pu]
+    else:
+        plw, preal, pid = logW, real, idx
+        palive = _feasibility(logW, real, False)[0]
+    W = plw.exp()
+    steps = _wilson_steps(W, preal)
+    easy = palive & (steps <= budget)
     heads = torch.zeros(R, N1, dtype=torch.long, device=dev)
-    steps = _wilson_steps(W, real)
-    easy = alive & (steps <= budget)
-    if bool(easy.any()):
-        idx = easy.nonzero().squeeze(1)
-        start = torch.zeros(idx.numel(), N1, dtype=torch.bool, device=dev)
+    rows_easy = easy[pid].nonzero().squeeze(1)
+    if rows_easy.numel():
+        start = torch.zeros(rows_easy.numel(), N1, dtype=torch.bool, device=dev)
         start[:, 0] = True
-        start[:, 1:] = ~real[idx]
-        heads[idx] = _wilson(W[idx], real[idx], start)
-    hard = (alive & ~easy).nonzero().squeeze(1)
-    if hard.numel():
-        lw = logW[hard].clone()
-        rl = real[hard]
-        for m in range(1, N1):
-            on = rl[:, m - 1]
-            if not bool(on.any()):
-                continue
-            _, mm = _solve(lw, rl, single_root=False)
-            p = mm[:, :, m]
-            p = torch.where(on[:, None], p, torch.ones_like(p))
-            h = torch.multinomial(p / p.sum(1, keepdim=True), 1)[:, 0]
-            pick = torch.nn.functional.one_hot(h, N1).bool()
-            lw[:, :, m] = torch.where(on[:, None] & ~pick, torch.full_like(lw[:, :, m], -math.inf), lw[:, :, m])
-            heads[hard, m] = torch.where(on, h, heads[hard, m])
-    heads = heads[:, 1:] * real
-    return heads
+        start[:, 1:] = ~preal[pid[rows_easy]]
+        heads[rows_easy] = _wilson(W.cumsum(1), pid[rows_easy], start)
+    rows_hard = (palive & ~easy)[pid].nonzero().squeeze(1)
+    if rows_hard.numel():
+        chunk = max(1, (1 << 26) // (N1 * N1 * 8))
+        for i in range(0, rows_hard.numel(), chunk):
+            r = rows_hard[i : i + chunk]
+            heads[r] = _sequential(plw[pid[r]], preal[pid[r]])
+    return heads[:, 1:] * real[idx]
 
 
 # ======================================================================================= counting
@@ -744,7 +765,14 @@ class NonProjectiveDependencyCRF(StructuredDistribution):
         raw_lengths = self._lengths if lengths is None else lengths
         lengths = self._len(raw_lengths, theta.shape[0])
         if isinstance(semiring, SampledSemiring):
-            heads = _sample_heads(theta, lengths, self.single_root)
+            U, copies = theta.shape[0], 1
+            base = self._theta.detach()
+            if U > self._batch and U % self._batch == 0 and theta.shape[1:] == base.shape[1:]:
+                k = U // self._batch  # the base class samples k copies of the batch: solve it once
+                if torch.equal(theta.detach().view(k, *base.shape), base.expand(k, *base.shape)) and torch.equal(
+                        lengths.view(k, -1), self.lengths.expand(k, -1)):
+                    U, copies = self._batch, k
+            heads = _sample_heads(theta[:U], lengths[:U], self.single_root, copies)
             return self._score_trees(theta, heads, lengths)
         if isinstance(semiring, MaxSemiring):
             from .decode.arborescence import max_arborescence

@@ -281,16 +281,23 @@ def test_forbidden_arcs_match_enumeration(single_root):
         n = int(torch.randint(1, 6, (), generator=g))
         theta = torch.randn(1, n + 1, n + 1, generator=g, dtype=torch.float64) * 3
         theta = theta.masked_fill(torch.rand(1, n + 1, n + 1, generator=g) < 0.45, -math.inf)
-        info: dict = {}
-        z, mu = log_partition_and_marginals(theta, None, single_root, info=info)
-        seen.add(info["method"][0])
-        logz, ref, _, _ = brute(theta[0], n, single_root)
-        assert not torch.isnan(mu).any()
-        if math.isinf(float(logz)):
-            assert z[0] == -math.inf and mu.abs().sum() == 0
-        else:
-            assert_close(z[0], logz, atol=1e-10, rtol=1e-12)
-            assert_close(mu[0], ref, atol=1e-10, rtol=0)
+        # the same example padded with two words of garbage scores
+        padded = torch.randn(1, n + 3, n + 3, generator=g, dtype=torch.float64) * 3
+        padded = padded.masked_fill(torch.rand(1, n + 3, n + 3, generator=g) < 0.3, -math.inf)
+        padded[:, : n + 1, : n + 1] = theta
+        logz, ref, scores, _ = brute(theta[0], n, single_root)
+        for x, lengths in ((theta, None), (padded, torch.tensor([n]))):
+            info: dict = {}
+            z, mu = log_partition_and_marginals(x, lengths, single_root, info=info)
+            seen.add(info["method"][0])
+            mu = mu[:, : n + 1, : n + 1]
+            assert not torch.isnan(mu).any()
+            if math.isinf(float(logz)):
+                assert z[0] == -math.inf and mu.abs().sum() == 0
+            else:
+                assert_close(z[0], logz, atol=1e-10, rtol=1e-12)
+                assert_close(mu[0], ref, atol=1e-10, rtol=0)
+        assert float(NP(padded, torch.tensor([n]), single_root=single_root).count[0]) == int(torch.isfinite(scores).sum())
     assert "none" in seen
     if single_root:
         assert "conditioned" in seen
@@ -360,7 +367,7 @@ def test_sample_frequencies_match_tree_probabilities(single_root, sampler):
     logz, _, scores, ts = brute(theta[0], n, single_root)
     p = (scores - logz).exp()
     S = 20000
-    heads = _sample_heads(theta.expand(S, -1, -1), torch.full((S,), n), single_root,
+    heads = _sample_heads(theta, torch.full((1,), n), single_root, copies=S,
                           budget=None if sampler == "wilson" else 0.0)
     index = {t: i for i, t in enumerate(ts)}
     counts = torch.zeros(len(ts), dtype=torch.float64)
@@ -383,6 +390,20 @@ def test_sample_api_shapes_and_padding(single_root):
     ok = arborescence.is_tree(heads.reshape(-1, 6), lengths.repeat(10), single_root, theta.repeat(10, 1, 1))
     assert bool(ok.all())
     assert torch.isfinite(d.log_prob(s)).all()
+
+
+@ROOTS
+def test_sample_api_frequencies_on_a_padded_batch(single_root):
+    """``sample`` through the distribution API (the batch is solved once for all the copies)."""
+    torch.manual_seed(31)
+    theta = torch.randn(2, 6, 6, generator=gen(31), dtype=torch.float64) * 2
+    d = NP(theta, torch.tensor([5, 3]), single_root=single_root)
+    S = 8000
+    freq = d.sample((S,)).mean(0)
+    mu = d.marginals
+    z = (freq - mu).abs() / (mu * (1 - mu) / S).sqrt().clamp_min(1e-12)
+    assert float(z[mu > 0].max()) < 5.0
+    assert freq[mu == 0].abs().sum() == 0
 
 
 @needs_decode
