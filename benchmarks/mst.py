@@ -8,8 +8,8 @@ Inputs (``scores[b, h, m]``, head first, position 0 the root; B = 16, n = 128, f
   every example goes through the contraction algorithm.
 * ``planted``: a random tree's arcs get +6 over standard normal noise, as a trained parser's
   scores would; the per-word best heads form that tree (the shortcut answers).
-* ``hard``: nested cycles (each contraction creates the next cycle: n - 1 contractions per tree)
-  under a random relabelling of the words, plus small noise; no shortcut.
+* ``hard``: nested cycles (each contraction creates the next cycle: n - 1 nested contractions
+  per tree) under a random relabelling of the words, plus small noise; no shortcut.
 
 Each in both root modes. Peers:
 
@@ -43,7 +43,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: python benchmarks/mst.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import Timing, fmt_ms, machine_info, markdown_table, seed_all, setup, time_round_robin  # noqa: E402
+from benchmarks.common import DEFAULT_THREADS, Timing, fmt_ms, machine_info, markdown_table, seed_all, setup, time_round_robin  # noqa: E402
 from structures.decode import is_tree, max_arborescence, tree_score  # noqa: E402
 
 B, N = 16, 128
@@ -65,9 +65,10 @@ def make_scores(kind: str, b: int = B, n: int = N, seed: int = 0) -> torch.Tenso
                 s[i, h, m] += 6.0
         return s
     if kind == "hard":
-        s = torch.full((b, n + 1, n + 1), -20.0)
-        s[:, 0, 1:] = -5.0
-        s[:, 2, 1] = 10.0
+        # the best arcs: m-1 -> m (10) and 2 -> 1 (5): one 2-cycle; then every contracted group
+        # {1..j} is best entered by j+1 -> j (5 - 10), which closes the next cycle. Every other arc
+        # (the root's included) is so low that it never wins: n - 1 nested contractions.
+        s = torch.full((b, n + 1, n + 1), -10.0 * n)
         for m in range(2, n + 1):
             s[:, m - 1, m] = 10.0
             s[:, m, m - 1] = 5.0
@@ -118,7 +119,7 @@ def load_supar():
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeat", type=int, default=11, help="timed rounds (slow peers stop after ~40 s, at least 3)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS)
     p.add_argument("--quick", action="store_true", help="3 rounds, n = 64 (a smoke run)")
     p.add_argument("--only", help="run the rows whose name contains this (e.g. 'normal', 'single')")
     p.add_argument("--nx-repeat", type=int, default=3, help="networkx calls per row (10-90 s each at n = 128)")

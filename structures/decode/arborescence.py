@@ -23,7 +23,7 @@ The algorithm
    every super-node picks its best incoming arc once, so a tree costs ``O(n^2)`` time and
    memory, in ``O(n)`` numpy operations on whole rows. Undoing the contractions (outermost
    first: the member holding the entering arc's modifier takes that arc, the others keep their
-   cycle arcs) is ``O(n)``.
+   cycle arcs) is a Python loop of ``O(n)`` steps, ``O(n^2)`` for the deepest nestings.
 
 Everything runs on CPU in numpy, on one copy of the scores laid out by incoming arcs (float32
 or float64 as given; float16 and bfloat16 become float32, exactly): the shortcut compares the
@@ -100,10 +100,8 @@ def _check(scores: Tensor, lengths: Tensor | None) -> tuple[np.ndarray, np.ndarr
     if not scores.is_floating_point():
         raise ValueError(f"scores: expected a floating-point tensor, got {scores.dtype}")
     t = scores.detach().cpu()
-    if t.dtype not in (torch.float16, torch.float32, torch.float64):
-        t = t.float()  # bfloat16 (and float16 below): float32 holds them exactly
-    if t.dtype == torch.float16:
-        t = t.float()
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.float()  # float16, bfloat16: float32 holds them exactly
     # a contiguous copy by incoming arcs (numpy's copy: torch's conversions are slow on a loaded CPU)
     a = np.ascontiguousarray(np.swapaxes(t.numpy(), 1, 2))
     if np.may_share_memory(a, t.numpy()):  # the input was a transposed view: never write into it
@@ -205,9 +203,8 @@ def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> l
     Im = np.empty((cap, n1), dtype=np.int64)
     Im[:n1] = ar[:, None]  # ... and the modifier (original node) of that arc
     top = ar.copy()  # original node -> the super-node it is in now
-    members: list = [[v] for v in range(n1)] + [None] * n1
+    members: list = [ar[v : v + 1] for v in range(n1)] + [None] * n1  # original nodes of each super-node
     children: dict[int, list[int]] = {}
-    parent = [-1] * cap
     in_h = [0] * cap  # chosen incoming arc of every super-node (original head and modifier) ...
     in_m = [0] * cap
     in_t = [0.0] * cap  # ... and its reduced weight when it was chosen
@@ -268,7 +265,7 @@ def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> l
                 r = rows_s.argmax(0)
             Is[c] = rows_s[r, ar]
             Im[c] = Im[ca[r], ar]
-            mem = [w for v in cyc for w in members[v]]
+            mem = np.concatenate([members[v] for v in cyc])
             members[c] = mem
             top[mem] = c
             if lex:
@@ -276,20 +273,19 @@ def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> l
             else:
                 Is[c, mem] = -math.inf
             children[c] = cyc
-            for v in cyc:
-                parent[v] = c
             path.append(c)
             onpath.add(c)
             x = c
-    # expansion, outermost super-node first: the child holding the entering arc's modifier takes
-    # that arc, the other children of the cycle keep their cycle arcs
+    # expansion, outermost super-node first (a parent's id is above its children's): the child
+    # holding the entering arc's modifier takes that arc, the other children of the cycle keep
+    # their cycle arcs. cur[w]: the super-node holding original node w at the level being undone.
     fh = in_h[:]
     fm = in_m[:]
+    cur = top
     for c in range(nxt - 1, n1 - 1, -1):
-        m = fm[c]
-        v = m
-        while parent[v] != c:
-            v = parent[v]
+        for w in children[c]:
+            cur[members[w]] = w
+        v = int(cur[fm[c]])
         for w in children[c]:
             if w == v:
                 fh[w], fm[w] = fh[c], fm[c]
