@@ -225,11 +225,12 @@ def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, T
         umax = u.amax(1, keepdim=True)
         dumax = du.amax(1, keepdim=True)
         taumax = tau.amax(1, keepdim=True)
+        # (the sums u, v, q also carry their own rounding: relative n u, inside γ)
         err_w = (rowmax * (gam * (tau + taumax) + 4 * _U)
                  + (dv * (umax + u) + v * (dumax + du)) / qc
-                 + v * (umax + u) * (dq / qc + 4 * _U) / qc)
-        err_c0 = (dumax + umax * (dq / qc + 4 * _U)) / qc
-        err_root = r * (dv + v * (dq / qc + 4 * _U)) / qc
+                 + v * (umax + u) * (dq / qc + 2 * gam) / qc)
+        err_c0 = (dumax + umax * (dq / qc + 2 * gam)) / qc
+        err_root = r * (dv + v * (dq / qc + 2 * gam)) / qc
         err_mu = torch.maximum(torch.where(at0, err_c0.expand_as(err_w), err_w), err_root)
         err_z = gam * (rowmax * phi).sum(1) + dq[:, 0] / q + 4 * n * _U * (logdet.abs() + q.log().abs())
         logZ = logdet + q.log()
