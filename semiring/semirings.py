@@ -9,7 +9,6 @@ dimensions only, so code written against the protocol never sees the components.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch

@@ -39,7 +39,6 @@ Second derivatives (the backward of the marginals) use the matrix-tree formula i
 from __future__ import annotations
 
 import math
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -49,6 +48,7 @@ from semiring.semirings import CountSemiring, KMax, LogSemiring, MaxSemiring, Re
 
 from . import _matrix_tree as mt
 from .distribution import StructuredDistribution, _inner
+from .trees import DependencyTrees, arcs
 
 _TOL = 1e-9  # certified absolute error of the fast path (log Z and every marginal)
 _U = 2.0**-53
@@ -683,7 +683,7 @@ def _exact_count(fin: Tensor, n: int, single_root: bool) -> int:
 # ======================================================================================= the class
 
 
-class NonProjectiveDependencyCRF(StructuredDistribution):
+class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
     """A distribution over non-projective dependency trees (spanning arborescences) of ``n`` words.
 
     ``log_potentials[b, h, m]`` (shape ``[B, N+1, N+1]``) scores the arc from head ``h`` to
@@ -803,11 +803,7 @@ class NonProjectiveDependencyCRF(StructuredDistribution):
         return _inner(theta, parts, 2)
 
     def _parts(self, heads: Tensor, lengths: Tensor, dtype) -> Tensor:
-        n1 = self._theta.shape[-1]
-        onehot = torch.nn.functional.one_hot(heads.long().clamp(0, n1 - 1), n1).transpose(-1, -2).to(dtype)
-        inside = torch.arange(1, n1, device=heads.device) <= lengths.to(heads.device).unsqueeze(-1)
-        onehot = onehot * inside.unsqueeze(-2)
-        return torch.cat([torch.zeros_like(onehot[..., :1]), onehot], -1)
+        return arcs(heads, lengths, self._theta.shape[-1], dtype)
 
     def _count(self, theta: Tensor, lengths: Tensor) -> Tensor:
         fin = torch.isfinite(theta.detach())
@@ -875,38 +871,3 @@ class NonProjectiveDependencyCRF(StructuredDistribution):
             valid[: p.shape[0], b] = True
         values = self._parts(heads, lengths, theta.dtype) * valid[..., None, None]
         return self._out(values), valid
-
-    def decode(self) -> Tensor:
-        """``[B, N]`` long: the head of every word of the best tree (0 = root; 0 past each length)."""
-        return self.heads(self.argmax)
-
-    @staticmethod
-    def heads(parts: Tensor) -> Tensor:
-        """Heads ``[..., B, N]`` of trees given as one-hot arcs ``[..., B, N+1, N+1]``."""
-        return parts[..., 1:].argmax(-2) * (parts[..., 1:].sum(-2) > 0)
-
-    def to_parts(self, heads: Tensor) -> Tensor:
-        """One-hot arcs ``[..., B, N+1, N+1]`` of trees given as heads ``[..., B, N]`` (entries past each length ignored)."""
-        n1 = self._theta.shape[-1]
-        if heads.shape[-1] != n1 - 1 or heads.dtype.is_floating_point:
-            raise ValueError(f"value: expected integer heads of shape [..., B, {n1 - 1}], got {heads.dtype} {list(heads.shape)}")
-        return self._parts(heads, self.lengths, self._theta.dtype)
-
-    def to_networkx(self, value: Tensor | None = None) -> list:
-        """The trees as ``networkx.DiGraph`` s, one per example: nodes ``0..n`` (0 = root), an edge
-        ``h -> m`` per arc with its ``score``. ``value``: heads ``[B, N]`` or one-hot arcs (default:
-        the best trees)."""
-        import networkx as nx
-
-        heads = self.decode() if value is None else (self.heads(value) if value.dtype.is_floating_point else value)
-        out = []
-        theta = self.log_potentials.detach()
-        for b in range(self._batch):
-            n = int(self.lengths[b])
-            g = nx.DiGraph()
-            g.add_nodes_from(range(n + 1))
-            for m in range(1, n + 1):
-                h = int(heads[b, m - 1])
-                g.add_edge(h, m, score=float(theta[b, h, m]))
-            out.append(g)
-        return out

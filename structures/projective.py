@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 import semiring
 
 from .distribution import StructuredDistribution
+from .trees import DependencyTrees
 
 # Spans [s, t] of the sentence (position 0 is the root): C complete, I incomplete, headed at the
 # R(ight-pointing: head s) or L(eft-pointing: head t) end. arc[h, m] scores head h -> modifier m.
@@ -26,7 +26,7 @@ _SINGLE_ROOT = _CHART + """
 """
 
 
-class ProjectiveDependencyCRF(StructuredDistribution):
+class ProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
     """A distribution over projective dependency trees of ``n`` words.
 
     ``log_potentials[b, h, m]`` (shape ``[B, N+1, N+1]``) scores the arc from head ``h`` to
@@ -47,25 +47,6 @@ class ProjectiveDependencyCRF(StructuredDistribution):
     @property
     def program(self) -> semiring.Program:
         return _SINGLE if self.single_root else _MULTI
-
-    def decode(self) -> Tensor:
-        """``[B, N]`` long: the head of every word of the best tree (0 = root; 0 past each length)."""
-        return self.heads(self.argmax)
-
-    @staticmethod
-    def heads(parts: Tensor) -> Tensor:
-        """Heads ``[..., B, N]`` of trees given as one-hot arcs ``[..., B, N+1, N+1]``."""
-        return parts[..., 1:].argmax(-2) * (parts[..., 1:].sum(-2) > 0)
-
-    def to_parts(self, heads: Tensor) -> Tensor:
-        """One-hot arcs ``[..., B, N+1, N+1]`` of trees given as heads ``[..., B, N]`` (entries past each length ignored)."""
-        n1 = self._theta.shape[-1]
-        if heads.shape[-1] != n1 - 1:
-            raise ValueError(f"value: expected heads of shape [..., B, {n1 - 1}], got {list(heads.shape)}")
-        onehot = torch.nn.functional.one_hot(heads, n1).transpose(-1, -2).to(self._theta.dtype)  # [..., N+1(h), N(m)]
-        inside = torch.arange(1, n1, device=heads.device) <= self.lengths.to(heads.device).unsqueeze(-1)
-        onehot = onehot * inside.unsqueeze(-2)
-        return torch.cat([torch.zeros_like(onehot[..., :1]), onehot], -1)
 
 
 _MULTI = semiring.program(_MULTI_ROOT)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .syntax import GOAL, LENGTH, Affine, Const, ProgramError, Rule, Syntax, Term
+from .syntax import GOAL, Affine, Const, Rule, Syntax, Term
 
 MAX_BOX = 200_000_000
 

@@ -158,7 +158,7 @@ class _Job:
 
     def step(self, step: Step, read, like: Tensor) -> Tensor:
         """One rule at one level: read every term as ``[*, B, L, K]``, ⊗ them, ⊕ over K -> ``[*, B, L]``."""
-        semiring, L, K = self.semiring, step.L, step.K
+        semiring, L = self.semiring, step.L
         inner = step.reads[: len(step.reads) - step.outer]
         value = self._sum(step, [read(rd) for rd in inner if rd.kind != "one"], like)
         for rd in step.reads[len(inner):]:

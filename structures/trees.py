@@ -1,0 +1,54 @@
+"""What every dependency-tree structure shares: heads <-> one-hot arcs, decoding, networkx."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def arcs(heads: Tensor, lengths: Tensor, n1: int, dtype: torch.dtype) -> Tensor:
+    """One-hot arcs ``[..., B, N+1, N+1]`` (``[h, m]``, 0 the root) of heads ``[..., B, N]``
+    (``heads[..., m-1]`` the head of word m); words past each example's length get no arc."""
+    onehot = torch.nn.functional.one_hot(heads.long().clamp(0, n1 - 1), n1).transpose(-1, -2).to(dtype)
+    inside = torch.arange(1, n1, device=heads.device) <= lengths.to(heads.device).unsqueeze(-1)
+    onehot = onehot * inside.unsqueeze(-2)
+    return torch.cat([torch.zeros_like(onehot[..., :1]), onehot], -1)
+
+
+class DependencyTrees:
+    """Mixin of the dependency-tree distributions (potentials ``[B, N+1, N+1]``, ``[b, h, m]``)."""
+
+    def decode(self) -> Tensor:
+        """``[B, N]`` long: the head of every word of the best tree (0 = root; 0 past each length)."""
+        return self.heads(self.argmax)
+
+    @staticmethod
+    def heads(parts: Tensor) -> Tensor:
+        """Heads ``[..., B, N]`` of trees given as one-hot arcs ``[..., B, N+1, N+1]``."""
+        return parts[..., 1:].argmax(-2) * (parts[..., 1:].sum(-2) > 0)
+
+    def to_parts(self, heads: Tensor) -> Tensor:
+        """One-hot arcs ``[..., B, N+1, N+1]`` of trees given as heads ``[..., B, N]`` (entries past each length ignored)."""
+        n1 = self._theta.shape[-1]
+        if heads.shape[-1] != n1 - 1 or heads.dtype.is_floating_point:
+            raise ValueError(f"value: expected integer heads of shape [..., B, {n1 - 1}], got {heads.dtype} {list(heads.shape)}")
+        return arcs(heads, self.lengths, n1, self._theta.dtype)
+
+    def to_networkx(self, value: Tensor | None = None) -> list:
+        """The trees as ``networkx.DiGraph`` s, one per example: nodes ``0..n`` (0 = root), an edge
+        ``h -> m`` per arc with its ``score``. ``value``: heads ``[B, N]`` or one-hot arcs (default:
+        the best trees)."""
+        import networkx as nx
+
+        heads = self.decode() if value is None else (self.heads(value) if value.dtype.is_floating_point else value)
+        theta = self.log_potentials.detach()
+        out = []
+        for b in range(theta.shape[0]):
+            n = int(self.lengths[b])
+            g = nx.DiGraph()
+            g.add_nodes_from(range(n + 1))
+            for m in range(1, n + 1):
+                h = int(heads[b, m - 1])
+                g.add_edge(h, m, score=float(theta[b, h, m]))
+            out.append(g)
+        return out
