@@ -238,46 +238,79 @@ class _LogScan(torch.autograd.Function):
 
 
 class _MaxScan(torch.autograd.Function):
-    """``Semiring.scan`` in the Max semiring as one autograd node with backpointers: the backward
-    sends each gradient along the argmax of its step (Viterbi's backtrace, as a gradient)."""
+    """``Semiring.scan`` in the Max semiring as one autograd node. The forward keeps values only
+    (``amax``, no indices); the backward is Viterbi's backtrace as a gradient: at each step it finds
+    the argmax only for the states the incoming gradient touches (one per example on a best path),
+    from the same sums the forward maximized, so the two agree exactly."""
 
     @staticmethod
     def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None) -> Tensor:
         steps, _ = _scan_shapes(init, xs, unary)
-        shape = (steps, *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
-        alphas = xs.new_empty(shape)
-        pointers = torch.empty(shape, dtype=torch.long, device=xs.device)
-        prev = init
+        alphas = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
         mats = xs.transpose(-1, -2)  # [.., L, K]: each step reduces over its contiguous last dimension
         mats = mats.contiguous() if xs.shape[1] == 1 else mats
+        prev = init
         for t in range(steps):
-            torch.max(prev.unsqueeze(-2) + mats[:, t if xs.shape[1] > 1 else 0], -1, out=(alphas[t], pointers[t]))
+            torch.amax(prev.unsqueeze(-2) + mats[:, t if xs.shape[1] > 1 else 0], -1, out=alphas[t])
             if unary is not None:
                 alphas[t] += unary[:, t]
             prev = alphas[t]
-        ctx.save_for_backward(init, xs, unary, pointers)
+        ctx.save_for_backward(init, mats, unary, alphas)
+        ctx.per_step = xs.shape[1] > 1
         return alphas.movedim(0, -2)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        init, xs, unary, pointers = ctx.saved_tensors
+        init, mats, unary, alphas = ctx.saved_tensors
+        xs = mats.transpose(-1, -2)
         if torch.is_grad_enabled():
             return _scan_grad(Max, grad, init, xs, unary)
-        per_step = xs.shape[1] > 1  # else one matrix [1, 1, K, L] for every step and example
+        per_step = ctx.per_step  # else one matrix [1, 1, K, L] for every step and example
         gx = torch.zeros_like(xs) if per_step else torch.zeros_like(xs[0, 0])
+        nonzero = grad != 0
+        if bool(nonzero.flatten(1).sum(1).le(1).all()):  # each example's gradient is one best path
+            return _MaxScan._path(init, mats, unary, alphas, grad, nonzero, gx, per_step)
         gu = torch.empty_like(grad) if unary is not None else None
-        carry, spare = torch.zeros_like(init), torch.empty_like(init)
-        for t in range(pointers.shape[0] - 1, -1, -1):
+        carry = torch.zeros_like(init)
+        for t in range(alphas.shape[0] - 1, -1, -1):  # a gradient spread over states: full backpointers
             g = grad[:, t] + carry
             if gu is not None:
                 gu[:, t] = g
-            back = pointers[t]
+            prev = alphas[t - 1] if t else init
+            back = (prev.unsqueeze(-2) + (mats[:, t] if per_step else mats[0, 0])).argmax(-1)  # [B, L]
+            carry = torch.zeros_like(init).scatter_add_(-1, back, g)
             if per_step:
                 gx[:, t].scatter_(-2, back.unsqueeze(-2), g.unsqueeze(-2))
             else:
                 gx.scatter_add_(0, back, g)
-            carry, spare = spare.zero_().scatter_add_(-1, back, g), carry
         return carry, (gx if per_step else gx.reshape(xs.shape)), gu
+
+    @staticmethod
+    def _path(init, mats, unary, alphas, grad, nonzero, gx, per_step):
+        """The backtrace when each example's gradient is one entry (weight w at step t0, state c0):
+        follow one state per example down the steps, no per-step synchronization."""
+        B, T = grad.shape[0], grad.shape[1]
+        rows = torch.arange(B, device=grad.device)
+        flat = nonzero.flatten(1).to(torch.int8).argmax(1)  # [B]: t0 * L + c0 (0 where none)
+        t0, c0 = flat // grad.shape[-1], flat % grad.shape[-1]
+        w0 = grad.flatten(1)[rows, flat]
+        w, c = torch.zeros_like(w0), c0
+        gu = torch.zeros_like(grad) if unary is not None else None
+        for t in range(T - 1, -1, -1):
+            here = t0 == t
+            w, c = torch.where(here, w0, w), torch.where(here, c0, c)
+            if gu is not None:
+                gu[rows, t, c] = w
+            prev = alphas[t - 1] if t else init
+            y = (prev + (mats[rows, t, c] if per_step else mats[0, 0][c])).argmax(-1)
+            if per_step:
+                gx[rows, t, y, c] = w
+            else:
+                gx.index_put_((y, c), w, accumulate=True)
+            c = y
+        carry = torch.zeros_like(init)
+        carry[rows, c] = w
+        return carry, (gx if per_step else gx.reshape(mats.transpose(-1, -2).shape)), gu
 
 
 def _reduce_to(t: Tensor, shape: torch.Size) -> Tensor:
