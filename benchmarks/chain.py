@@ -187,16 +187,6 @@ def check_chain(C: int) -> None:
         assert (a == other).float().mean() > 0.999, f"argmax differs from {name}"
 
 
-def emission_crf_available() -> bool:
-    """``structures.emission.EmissionCRF`` (the pytorch-crf parameterization as its own structure),
-    benchmarked as a second "ours" where the library has it."""
-    try:
-        from structures.emission import EmissionCRF  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def check_crf(varied: bool, emission: bool = False) -> None:
     crf, em, tags, lengths, mask = crf_inputs(varied)
     if emission:
@@ -245,7 +235,6 @@ def run(repeat: int, threads: int, rss: bool, out_dir: str, plot: str | None, on
     if only:
         jobs = [j for j in jobs if only in f"{j[0]} {j[1]} C={j[2]}{' varied' if j[3] else ''}"]
 
-    emission = emission_crf_available()
     rows = []  # (benchmark, size, peer, ours s, peer s)
     bar = tqdm(jobs, desc="timing", unit="row", file=sys.stderr)
     for kind, task, C, varied in bar:
@@ -258,13 +247,10 @@ def run(repeat: int, threads: int, rss: bool, out_dir: str, plot: str | None, on
             label = {"logz": "log-partition (forward)", "marginals": "marginals (forward + backward)",
                      "argmax": "argmax (Max forward + backward)"}[task]
         else:
-            impls = ["ours", "pytorch-crf"]
+            impls = ["ours", "ours (EmissionCRF)", "pytorch-crf"]
             if task == "nll":
                 check_crf(varied)
-            if emission:
-                if task == "nll":
-                    check_crf(varied, emission=True)
-                impls.insert(1, "ours (EmissionCRF)")
+                check_crf(varied, emission=True)
             fns = {impl: make_crf(task, impl, varied) for impl in impls}
             size = f"B={B} N={N} C={C} " + ("lengths N/4..N" if varied else "full length")
             label = {"nll": "CRF NLL (forward + backward)", "decode": "CRF decode (Viterbi)"}[task]

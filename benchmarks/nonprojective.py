@@ -33,7 +33,7 @@ if __package__ in (None, ""):  # run as a script: python benchmarks/nonprojectiv
 
 from benchmarks.common import fmt_ms, machine_info, markdown_table, seed_all, setup, time_round_robin, write_csv
 from structures import NonProjectiveDependencyCRF
-from structures.nonprojective import log_partition_and_marginals
+from structures.nonprojective import high_precision_reference, log_partition_and_marginals
 
 B = 16
 SIZES = (64, 128)
@@ -101,40 +101,6 @@ def plain_float64(theta: torch.Tensor, single_root: bool) -> torch.Tensor:
     return mu
 
 
-def mp_marginals(theta: torch.Tensor, single_root: bool, dps: int = 700) -> torch.Tensor:
-    """The matrix-tree theorem in mpmath at ``dps`` digits (one example ``[N+1, N+1]``)."""
-    import mpmath
-
-    with mpmath.workdps(dps):
-        n = theta.shape[-1] - 1
-        W = [[mpmath.exp(mpmath.mpf(float(theta[h, m]))) if m > 0 and h != m else mpmath.mpf(0)
-              for m in range(n + 1)] for h in range(n + 1)]
-        L = mpmath.zeros(n, n)
-        for m in range(1, n + 1):
-            for h in range(n + 1):
-                if h != m and h > 0:
-                    L[h - 1, m - 1] -= W[h][m]
-                if h != m and (h > 0 or not single_root):
-                    L[m - 1, m - 1] += W[h][m]
-        if single_root:
-            for m in range(1, n + 1):
-                L[0, m - 1] = W[0][m]
-        X = L**-1
-        mu = torch.zeros(n + 1, n + 1, dtype=torch.float64)
-        for m in range(1, n + 1):
-            for h in range(n + 1):
-                if h == m:
-                    continue
-                if not single_root:
-                    v = W[h][m] * (X[m - 1, m - 1] - (X[m - 1, h - 1] if h else 0))
-                elif h == 0:
-                    v = W[0][m] * X[m - 1, 0]
-                else:
-                    v = W[h][m] * ((X[m - 1, m - 1] if m > 1 else 0) - (X[m - 1, h - 1] if h > 1 else 0))
-                mu[h, m] = float(v)
-        return mu
-
-
 # ---------------------------------------------------------------------------- runs
 
 
@@ -169,7 +135,7 @@ def accuracy(examples: int = 4) -> list:
     out = []
     for single_root in (False, True):
         theta = (torch.randn(examples, 21, 21) * 40).float()
-        refs = [mp_marginals(theta[b].double(), single_root) for b in range(examples)]
+        refs = [high_precision_reference(theta[b].double(), single_root)[1] for b in range(examples)]
         results = {
             "ours (float32 out)": NonProjectiveDependencyCRF(theta, single_root=single_root).marginals.double(),
             "torch-struct (float32)": from_ts(ts_marginals(to_ts(theta), single_root).detach()).double(),

@@ -17,7 +17,7 @@ from torch.testing import assert_close
 
 import structures._matrix_tree as mt
 from structures import NonProjectiveDependencyCRF
-from structures.nonprojective import _exact, _masks, _sample_heads, _shift, log_partition_and_marginals
+from structures.nonprojective import _exact, _masks, _sample_heads, _shift, high_precision_reference, log_partition_and_marginals
 
 NP = NonProjectiveDependencyCRF
 try:  # the maximum spanning arborescences (argmax, k-best) live in structures.decode
@@ -67,38 +67,8 @@ def brute(theta: torch.Tensor, n: int, single_root: bool):
 
 def mp_reference(theta: torch.Tensor, single_root: bool, dps: int = 700):
     """log Z and the marginals of one example by the matrix-tree theorem in mpmath at ``dps`` digits."""
-    mpmath = pytest.importorskip("mpmath")
-    with mpmath.workdps(dps):
-        n = theta.shape[-1] - 1
-        W = [[mpmath.exp(mpmath.mpf(float(theta[h, m]))) if (m > 0 and h != m and math.isfinite(float(theta[h, m])))
-              else mpmath.mpf(0) for m in range(n + 1)] for h in range(n + 1)]
-        L = mpmath.zeros(n, n)
-        for m in range(1, n + 1):
-            for h in range(n + 1):
-                if h == m:
-                    continue
-                if h > 0:
-                    L[h - 1, m - 1] -= W[h][m]
-                if h > 0 or not single_root:
-                    L[m - 1, m - 1] += W[h][m]
-        if single_root:  # Koo et al. 2007: the first row replaced by the root scores
-            for m in range(1, n + 1):
-                L[0, m - 1] = W[0][m]
-        X = L**-1
-        logz = float(mpmath.log(mpmath.det(L)))
-        mu = torch.zeros(n + 1, n + 1, dtype=torch.float64)
-        for m in range(1, n + 1):
-            for h in range(n + 1):
-                if h == m:
-                    continue
-                if not single_root:
-                    v = W[h][m] * (X[m - 1, m - 1] - (X[m - 1, h - 1] if h else 0))
-                elif h == 0:
-                    v = W[0][m] * X[m - 1, 0]
-                else:
-                    v = W[h][m] * ((X[m - 1, m - 1] if m > 1 else 0) - (X[m - 1, h - 1] if h > 1 else 0))
-                mu[h, m] = float(v)
-        return logz, mu
+    pytest.importorskip("mpmath")
+    return high_precision_reference(theta, single_root, dps)
 
 
 def gen(seed: int) -> torch.Generator:
