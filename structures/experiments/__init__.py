@@ -1,0 +1,1 @@
+"""Reproductions, each runnable as ``python -m structures.experiments.NAME``."""

@@ -1,0 +1,1 @@
+"""Structured attention layers (``nn.Module``), batch first, with padding masks."""
