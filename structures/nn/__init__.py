@@ -1,1 +1,5 @@
-"""Structured attention layers (``nn.Module``), batch first, with padding masks."""
+"""Structured attention layers (``nn.Module``), batch first, with padding given by ``lengths``."""
+
+from .output import AttentionOutput
+
+__all__ = ["AttentionOutput"]
