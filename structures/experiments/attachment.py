@@ -1,0 +1,119 @@
+"""Attachment scores of predicted trees against gold trees, and what kind of tree a head list is.
+
+Trees are head lists: ``heads[i]`` is the head of word ``i+1``, 0 the root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+PUNCT = "PUNCT"
+
+
+@dataclass
+class Attachment:
+    """Counts of correctly attached words, all words and words other than punctuation (UPOS PUNCT)."""
+
+    words: int = 0
+    heads: int = 0
+    labelled: int = 0
+    words_no_punct: int = 0
+    heads_no_punct: int = 0
+    labelled_no_punct: int = 0
+    undirected: int = 0
+
+    @property
+    def uas(self) -> float:
+        return self.heads / max(self.words, 1)
+
+    @property
+    def las(self) -> float:
+        return self.labelled / max(self.words, 1)
+
+    @property
+    def uas_no_punct(self) -> float:
+        return self.heads_no_punct / max(self.words_no_punct, 1)
+
+    @property
+    def las_no_punct(self) -> float:
+        return self.labelled_no_punct / max(self.words_no_punct, 1)
+
+    @property
+    def undirected_accuracy(self) -> float:
+        """Words whose predicted arc joins the same two nodes as a gold arc, either direction."""
+        return self.undirected / max(self.words, 1)
+
+    def add(self, gold_heads: Sequence[int], heads: Sequence[int], upos: Sequence[str],
+            gold_labels: Sequence[str] | None = None, labels: Sequence[str] | None = None) -> None:
+        """Count one sentence (all sequences have one entry per word)."""
+        if not len(gold_heads) == len(heads) == len(upos):
+            raise ValueError(f"gold_heads, heads, upos: expected one entry per word, got {len(gold_heads)}, {len(heads)}, {len(upos)}")
+        gold_arcs = {frozenset((h, m)) for m, h in enumerate(gold_heads, 1)}
+        for i, (g, h, pos) in enumerate(zip(gold_heads, heads, upos)):
+            right = int(g == h)
+            labelled = right * int(labels is not None and gold_labels is not None and labels[i] == gold_labels[i])
+            self.words += 1
+            self.heads += right
+            self.labelled += labelled
+            self.undirected += int(frozenset((h, i + 1)) in gold_arcs)
+            if pos != PUNCT:
+                self.words_no_punct += 1
+                self.heads_no_punct += right
+                self.labelled_no_punct += labelled
+
+
+def is_tree(heads: Sequence[int]) -> bool:
+    """Every head in ``0..n``, no self-loop, and every word reaches the root (no cycle)."""
+    n = len(heads)
+    if any(not 0 <= h <= n or h == m for m, h in enumerate(heads, 1)):
+        return False
+    state = [0] * (n + 1)  # 0 unvisited, 1 on the current path, 2 reaches the root
+    state[0] = 2
+    for start in range(1, n + 1):
+        path, m = [], start
+        while state[m] == 0:
+            state[m] = 1
+            path.append(m)
+            m = heads[m - 1]
+        if state[m] == 1:
+            return False
+        for p in path:
+            state[p] = 2
+    return True
+
+
+def root_children(heads: Sequence[int]) -> int:
+    return sum(h == 0 for h in heads)
+
+
+def is_projective(heads: Sequence[int]) -> bool:
+    """No two arcs cross (with the root at position 0 as in the usual arc drawing), for a tree."""
+    arcs = [(min(h, m), max(h, m)) for m, h in enumerate(heads, 1)]
+    for a, b in arcs:
+        for c, d in arcs:
+            if a < c < b < d:
+                return False
+    return True
+
+
+@dataclass
+class TreeShapes:
+    """How many predicted head lists are trees, single-rooted trees and projective trees."""
+
+    total: int = 0
+    trees: int = 0
+    single_root: int = 0
+    projective: int = 0
+
+    def add(self, heads: Sequence[int]) -> None:
+        self.total += 1
+        if is_tree(heads):
+            self.trees += 1
+            self.single_root += int(root_children(heads) == 1)
+            self.projective += int(is_projective(heads))
+
+    def fractions(self) -> dict[str, float]:
+        t = max(self.total, 1)
+        return {"valid": self.trees / t, "single_root": self.single_root / t, "projective": self.projective / t,
+                "non_projective": (self.trees - self.projective) / t}
