@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import Log, Semiring
+from . import tape
 from .factor import factor
 from .grounding import ground
 from .schedule import Level, Read, Schedule, Step, schedule
@@ -286,103 +287,6 @@ class _Job:
             scanned[(run.chart, run.start + t)] = (alphas, run.start)
         return True
 
-    # ---------------------------------------------------------------- fast first-order (tape)
-
-    def forward_tape(self, elements: list[Tensor]):
-        """Forward with a local autograd graph per level whose leaves are the values it reads.
-
-        Chart values live in one flat buffer per chart; a read over many levels is one gather from
-        it. The backward pass (``backward_tape``) walks the levels in reverse and adds each level's
-        gradients into gradient buffers in place, so no step ever allocates a chart-sized gradient.
-        """
-        chunks = self.chunks(elements)
-        like = elements[0] if elements else torch.zeros(0)
-        buffers: dict[str, Tensor] = {}
-        store: dict[tuple[str, int], Tensor] = {}
-        tape = []
-        for lev, level in enumerate(self.sch.levels):
-            leaves: list[tuple[str, object, Tensor]] = []
-            cache: dict[object, Tensor] = {}
-
-            def leaf(kind: str, key, value: Tensor) -> Tensor:
-                if (kind, key) not in cache:
-                    t = value.detach().requires_grad_()
-                    leaves.append((kind, key, t))
-                    cache[(kind, key)] = t
-                return cache[(kind, key)]
-
-            def read(rd: Read) -> Tensor:
-                if rd.kind == "input":
-                    return _read(leaf("input", (rd.source, lev), chunks[(rd.source, lev)]), rd)
-                if len(rd.levels) == 1:  # the level's own tensor: the buffer's version changes with every write
-                    return _read(leaf("slice", (rd.source, rd.levels[0]), store[(rd.source, rd.levels[0])]), rd)
-                src = buffers[rd.source].index_select(-1, rd.buffer_index.to(like.device))
-                vals = leaf("gather", (rd.source, id(rd)), src)
-                cache[("index", (rd.source, id(rd)))] = rd.buffer_index
-                return _gathered(vals, rd)
-
-            with torch.enable_grad():
-                results = [self.step(st, read, like) for st in level.steps]
-                outs = self.assemble(level, results)
-            for chart, value in outs.items():
-                if chart not in buffers:
-                    buffers[chart] = value.new_empty(*value.shape[:-1], self.sch.sizes[chart])
-                start, size = self.sch.offsets[(chart, lev)]
-                store[(chart, lev)] = value.detach()
-                buffers[chart].narrow(-1, start, size).copy_(store[(chart, lev)])
-            index = {key: cache[("index", key)] for kind, key, _ in leaves if kind == "gather"}
-            tape.append((leaves, outs, index))
-        start, size = self.sch.offsets[(GOAL, self.sch.goal_level)]
-        goal = self.select_goal(buffers[GOAL].narrow(-1, start, size))
-        return goal, (tape, buffers, [e.new_zeros(()).expand(e.shape) for e in elements])
-
-    def backward_tape(self, state, grad: Tensor) -> list[Tensor]:
-        tape, buffers, zeros = state
-        grads = {chart: torch.zeros_like(buf) for chart, buf in buffers.items()}
-        start, size = self.sch.offsets[(GOAL, self.sch.goal_level)]
-        goal_grad = grads[GOAL].narrow(-1, start, size)
-        if self.lengths is None:
-            goal_grad[..., -1] += grad
-        else:
-            goal_grad.scatter_add_(-1, self.goal_index(goal_grad), grad.unsqueeze(-1))
-        chunk_grads: dict[tuple[str, int], Tensor] = {}
-        for lev in range(len(tape) - 1, -1, -1):
-            leaves, outs, index = tape[lev]
-            live = [(c, v) for c, v in outs.items() if v.requires_grad]
-            if not live or not leaves:
-                continue
-            g_outs = [grads[c].narrow(-1, *self.sch.offsets[(c, lev)]) for c, _ in live]
-            g_leaves = torch.autograd.grad([v for _, v in live], [t for _, _, t in leaves], g_outs,
-                                           allow_unused=True, retain_graph=True)
-            for (kind, key, _), g in zip(leaves, g_leaves):
-                if g is None:
-                    continue
-                if kind == "input":
-                    chunk_grads[key] = g
-                elif kind == "slice":
-                    grads[key[0]].narrow(-1, *self.sch.offsets[key]).add_(g)
-                else:
-                    grads[key[0]].index_add_(-1, index[key].to(g.device), g)
-        out = []
-        for name, zero in zip(self.names, zeros):
-            shape = zero.shape
-            order, sizes = self.sch.chunks[name]
-            if sizes is None:
-                grads_ = [g for (n_, _), g in chunk_grads.items() if n_ == name]
-                out.append(torch.stack(grads_).sum(0).reshape(shape) if grads_ else zero.contiguous())
-                continue
-            parts = [chunk_grads.get((name, lev)) for lev in range(len(sizes))]
-            ref = next((p for p in parts if p is not None), None)
-            if ref is None:  # the goal does not depend on this input
-                out.append(zero.contiguous())
-                continue
-            flat = torch.cat([p if p is not None else ref.new_zeros(*ref.shape[:-1], s) for p, s in zip(parts, sizes)], -1)
-            if order is not None:
-                full = flat.new_zeros(*flat.shape[:-1], int(np.prod(shape[self.lead + 1:], dtype=np.int64)))
-                flat = full.index_add_(-1, order.to(flat.device), flat)
-            out.append(flat.reshape(shape))
-        return out
-
 
 class _Tape(torch.autograd.Function):
     """A program run as one autograd node: a fast first-order backward over the level tape, and
@@ -392,7 +296,7 @@ class _Tape(torch.autograd.Function):
     def forward(ctx, job: _Job, *elements: Tensor) -> Tensor:
         ctx.job = job
         ctx.save_for_backward(*elements)
-        out, ctx.state = job.forward_tape([e.detach() for e in elements])
+        out, ctx.state = tape.forward(job, [e.detach() for e in elements])
         return out
 
     @staticmethod
@@ -403,7 +307,7 @@ class _Tape(torch.autograd.Function):
             out = ctx.job.forward_plain(list(elements))
             found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
             return (None, *[next(found) if e.requires_grad else None for e in elements])
-        return (None, *ctx.job.backward_tape(ctx.state, grad))
+        return (None, *tape.backward(ctx.job, ctx.state, grad))
 
 
 def _gathered(vals: Tensor, rd: Read) -> Tensor:

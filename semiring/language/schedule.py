@@ -26,9 +26,9 @@ class Read:
     pattern: str = "gather"  # reshape | transpose | row | col | gather
     offset: int = 0
     index: torch.Tensor | None = None  # gather: flat positions, L*K of them (into the concatenated levels)
-    buffer_index: torch.Tensor | None = None  # chart reads over several levels: positions in the chart's buffer
     L: int = 0  # the step's table: L head items, K instances each
     K: int = 0
+    positions: np.ndarray | None = None  # [L, K]: each instance's item in the chart's box (or entry of the input)
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Step:
     reads: list[Read]
     mask: torch.Tensor | None  # [L, K] bool, where instances are real (None: all are)
     outer: int = 0  # the last ``outer`` reads are [L, 1]: ⊗-multiplied after the ⊕ over K
+    heads: np.ndarray | None = None  # [L]: the head items' positions in the chart's box
 
 
 @dataclass
@@ -83,9 +84,12 @@ class Schedule:
     chunks: dict[str, tuple[torch.Tensor | None, list[int] | None]]  # input -> (order or None, size per level; None: not split)
     goal_level: int
     lengths: np.ndarray
-    offsets: dict[tuple[str, int], tuple[int, int]]  # (chart, level) -> (start, size) in the chart's buffer
-    sizes: dict[str, int]  # chart -> buffer size (all its levels, in order)
+    offsets: dict[tuple[str, int], tuple[int, int]]  # (chart, level) -> (start, size) of its block among the chart's levels
     runs: dict[int, Run] = field(default_factory=dict)  # first level -> a run of chain levels
+    boxes: dict[str, int] = field(default_factory=dict)  # chart -> size of its dense index box
+    items: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (chart, level) -> its items' box positions, in block order
+    goal_positions: np.ndarray | None = None  # box positions of the goal at each of ``lengths``
+    tape: object = None  # the level tape's accesses (``tape.plan``), built on first use
 
     gathers_levels: bool = False  # some read before the goal spans several levels (span programs)
 
@@ -208,14 +212,11 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
                 size = acc
             pattern, off = _pattern(idx, size) if real[:, :K].all() else ("gather", 0)
             index = torch.from_numpy(idx.ravel().copy()) if pattern == "gather" else None
-            buffer_index = None
-            if len(src_levels) > 1:
-                start = np.vectorize(lambda sl: offsets[(t.name, sl)][0], otypes=[np.int64])(level[vals])
-                buffer_index = torch.from_numpy((start + pos[vals]).ravel())
-            reads.append(Read("chart" if t.name not in gr.input_shapes else "input", t.name, src_levels, pattern, off, index, buffer_index, L, K))
+            positions = vals if t.name in gr.input_shapes else vals - gr.offsets[t.name]
+            reads.append(Read("chart" if t.name not in gr.input_shapes else "input", t.name, src_levels, pattern, off, index, L, K, positions))
         mask = None if real.all() else torch.from_numpy(real)
         step_id = len(levels[lev].steps)
-        levels[lev].steps.append(Step(r, rule_charts[r], L, table.shape[1], reads, mask, g.rule.outer))
+        levels[lev].steps.append(Step(r, rule_charts[r], L, table.shape[1], reads, mask, g.rule.outer, uniq - gr.offsets[rule_charts[r]]))
         writes.setdefault((rule_charts[r], lev), []).append((step_id, pos[uniq]))
 
     for (chart, lev), ws in writes.items():
@@ -236,7 +237,13 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
             index[q, : len(c)] = c
             mask[q, : len(c)] = True
         levels[lev].charts[chart] = Assembly([w[0] for w in ws], torch.from_numpy(index), None if mask.all() else torch.from_numpy(mask))
-    sch = Schedule(levels, chunks, top, gr.lengths, offsets, chart_sizes)
+    sch = Schedule(levels, chunks, top, gr.lengths, offsets)
+    sch.boxes = {name: sp.size for name, sp in gr.charts.items()}
+    for s, e in zip(starts, np.r_[starts[1:], total]):
+        cid, lev = int(chart_id[order[s]]), int(level[order[s]])
+        if lev >= 0:
+            sch.items[(names[cid], lev)] = order[s:e] - gr.offsets[names[cid]]
+    sch.goal_positions = gr.goal_items - gr.offsets[GOAL]
     sch.runs = _chain_runs(sch)
     sch.gathers_levels = any(len(rd.levels) > 1 for lev in levels[:top] for st in lev.steps for rd in st.reads)
     return sch
