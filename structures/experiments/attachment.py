@@ -5,7 +5,7 @@ Trees are head lists: ``heads[i]`` is the head of word ``i+1``, 0 the root.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 PUNCT = "PUNCT"
@@ -117,3 +117,49 @@ class TreeShapes:
         t = max(self.total, 1)
         return {"valid": self.trees / t, "single_root": self.single_root / t, "projective": self.projective / t,
                 "non_projective": (self.trees - self.projective) / t}
+
+
+def depths(heads: Sequence[int]) -> list[int]:
+    """The depth of every word of a tree (a child of the root has depth 1)."""
+    out = [0] * (len(heads) + 1)  # out[0]: the root
+    for m in range(1, len(heads) + 1):
+        path = []
+        while m != 0 and out[m] == 0:  # climb to a known depth (iterative: chains may be long)
+            path.append(m)
+            m = heads[m - 1]
+        for p in reversed(path):
+            out[p] = out[heads[p - 1]] + 1
+    return out[1:]
+
+
+@dataclass
+class TreeStatistics:
+    """Shape statistics of a set of trees: mean height, depth distribution, share projective,
+    mean arc length, share of arcs between adjacent words."""
+
+    trees: int = 0
+    words: int = 0
+    height: int = 0
+    projective: int = 0
+    arc_length: int = 0
+    adjacent: int = 0
+    depth_counts: dict[int, int] = field(default_factory=dict)
+
+    def add(self, heads: Sequence[int]) -> None:
+        if not is_tree(heads):
+            raise ValueError(f"heads: expected a tree, got {list(heads)}")
+        d = depths(heads)
+        self.trees += 1
+        self.words += len(heads)
+        self.height += max(d)
+        self.projective += int(is_projective(heads))
+        self.arc_length += sum(abs(h - m) for m, h in enumerate(heads, 1) if h != 0)
+        self.adjacent += sum(abs(h - m) == 1 for m, h in enumerate(heads, 1) if h != 0)
+        for x in d:
+            self.depth_counts[x] = self.depth_counts.get(x, 0) + 1
+
+    def summary(self) -> dict[str, float]:
+        arcs = max(self.words - self.trees, 1)  # arcs between words (one root arc per tree)
+        return {"mean_height": self.height / max(self.trees, 1), "projective": self.projective / max(self.trees, 1),
+                "mean_arc_length": self.arc_length / arcs, "adjacent_arcs": self.adjacent / arcs,
+                "mean_depth": sum(k * v for k, v in self.depth_counts.items()) / max(self.words, 1)}

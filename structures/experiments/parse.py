@@ -107,10 +107,9 @@ def make_batch(sentences: Sequence[Sentence], index: Sequence[int], vocab: Vocab
     return Batch(words, chars, torch.tensor([s.n for s in chosen]), heads, labels, list(index))
 
 
-def batches(sentences: Sequence[Sentence], vocab: Vocab, tokens_per_batch: int = 1000,
-            shuffle: random.Random | None = None) -> Iterator[Batch]:
-    """Batches of sentences of similar length (sorted by length, about ``tokens_per_batch`` padded
-    words each); in a random order if ``shuffle`` (a seeded ``random.Random``) is given."""
+def length_groups(sentences: Sequence[Sentence], tokens_per_batch: int, shuffle: random.Random | None = None) -> list[list[int]]:
+    """Indices of sentences grouped by similar length (sorted by length, about ``tokens_per_batch``
+    padded words per group); the groups in a random order if ``shuffle`` (a seeded ``random.Random``)."""
     order = sorted(range(len(sentences)), key=lambda i: sentences[i].n)
     groups, current = [], []
     for i in order:
@@ -118,11 +117,16 @@ def batches(sentences: Sequence[Sentence], vocab: Vocab, tokens_per_batch: int =
             groups.append(current)
             current = []
         current.append(i)
-    if current:
-        groups.append(current)
+    groups += [current] if current else []
     if shuffle is not None:
         shuffle.shuffle(groups)
-    for g in groups:
+    return groups
+
+
+def batches(sentences: Sequence[Sentence], vocab: Vocab, tokens_per_batch: int = 1000,
+            shuffle: random.Random | None = None) -> Iterator[Batch]:
+    """The :func:`length_groups` of ``sentences`` as batches."""
+    for g in length_groups(sentences, tokens_per_batch, shuffle):
         yield make_batch(sentences, g, vocab)
 
 
