@@ -166,11 +166,14 @@ class _LogScan(torch.autograd.Function):
     differentiates the plain loop, so every order works."""
 
     @staticmethod
-    def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None) -> Tensor:
+    def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None, differentiated: bool) -> Tensor:
         steps, one_matrix = _scan_shapes(init, xs, unary)
         base = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # the ⊕ of each step, before unary
         ctx.products = one_matrix and xs.shape[0] == 1 and _LogScan._by_products(ctx, init, xs, unary, base)
-        if not ctx.products:
+        ctx.weights = None
+        if not ctx.products and differentiated and xs.shape[1] == steps > 1 and xs.shape[0] == init.shape[0]:
+            _LogScan._by_weights(ctx, init, xs, unary, base)
+        elif not ctx.products:
             prev = init
             mats = xs.transpose(-1, -2)  # [.., L, K]: each step reduces over its contiguous last dimension
             for t in range(steps):
@@ -179,6 +182,24 @@ class _LogScan(torch.autograd.Function):
         alphas = base if unary is None else base + unary.movedim(-2, 0)
         ctx.save_for_backward(init, xs, unary, base, alphas)
         return alphas.movedim(0, -2)
+
+    @staticmethod
+    def _by_weights(ctx, init: Tensor, xs: Tensor, unary: Tensor | None, base: Tensor) -> None:
+        """Per-step matrices, gradients wanted: each step keeps ``exp(sums - column max)`` in one
+        buffer the size of ``xs`` — the buffer that becomes the gradient of ``xs`` in the backward,
+        which then needs no exp (each column's softmax is these over their sum)."""
+        low = torch.finfo(xs.dtype).min
+        weights = torch.empty_like(xs, memory_format=torch.contiguous_format)  # [B, T, K, L]
+        sums = xs.new_empty(base.shape)  # [T, B, L]; each >= 1 (the max term is exp(0)), or 0 if all are -inf
+        prev = init
+        for t, (w, x) in enumerate(zip(weights.unbind(1), xs.unbind(1))):
+            torch.add(prev.unsqueeze(-1), x, out=w)  # [B, K, L]: reduced over K, not the innermost dimension
+            m = torch.amax(w, -2).clamp_min_(low)  # a column of -inf stays -inf - low = -inf: exp 0
+            w.sub_(m.unsqueeze(-2)).exp_()
+            torch.sum(w, -2, out=sums[t])
+            torch.log(sums[t], out=base[t]).add_(m)
+            prev = base[t] if unary is None else base[t] + unary[:, t]
+        ctx.weights, ctx.sums = weights, sums
 
     @staticmethod
     def _by_products(ctx, init: Tensor, xs: Tensor, unary: Tensor | None, base: Tensor) -> bool:
@@ -206,7 +227,7 @@ class _LogScan(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         init, xs, unary, base, alphas = ctx.saved_tensors
         if torch.is_grad_enabled():
-            return _scan_grad(Log, grad, init, xs, unary)
+            return (*_scan_grad(Log, grad, init, xs, unary), None)
         steps = base.shape[0]
         carry = torch.zeros_like(init)
         gu = torch.empty_like(grad) if unary is not None else None
@@ -219,7 +240,16 @@ class _LogScan(torch.autograd.Function):
                 q = g / ctx.sums[t]
                 gE += ctx.shifted[t].transpose(0, 1) @ q
                 carry = ctx.shifted[t] * (q @ ctx.E.transpose(0, 1))
-            return carry, (ctx.E * gE).reshape(xs.shape), gu
+            return carry, (ctx.E * gE).reshape(xs.shape), gu, None
+        if ctx.weights is not None:  # the stored weights become the gradient, in place: once
+            gx, ctx.weights = ctx.weights, None
+            for t, w in zip(range(steps - 1, -1, -1), reversed(gx.unbind(1))):
+                g = grad[:, t] + carry
+                if gu is not None:
+                    gu[:, t] = g
+                w.mul_((g / ctx.sums[t].clamp_min(1)).unsqueeze(-2))  # a column of sum 0 has weights 0
+                carry = w.sum(-1)
+            return carry, gx, gu, None
         per_step = xs.shape[1] > 1  # else one matrix [1, 1, K, L] for every step and example
         gx = torch.empty_like(xs) if per_step else None
         total = None
@@ -234,42 +264,46 @@ class _LogScan(torch.autograd.Function):
             if gx is None:
                 total = w.sum(0) if total is None else total + w.sum(0)
             carry = w.sum(-1)
-        return carry, (gx if gx is not None else total.reshape(xs.shape)), gu
+        return carry, (gx if gx is not None else total.reshape(xs.shape)), gu, None
 
 
 class _MaxScan(torch.autograd.Function):
     """``Semiring.scan`` in the Max semiring as one autograd node. The forward keeps values only
-    (``amax``, no indices); the backward is Viterbi's backtrace as a gradient: at each step it finds
-    the argmax only for the states the incoming gradient touches (one per example on a best path),
-    from the same sums the forward maximized, so the two agree exactly."""
+    (``amax``, no indices) and reduces over the from-state, which is not the innermost dimension of
+    the matrices, so the max runs vectorized across the to-states; the backward is Viterbi's
+    backtrace as a gradient: at each step it finds the argmax only for the states the incoming
+    gradient touches (one per example on a best path), from the same sums the forward maximized,
+    so the two agree exactly."""
 
     @staticmethod
     def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None) -> Tensor:
         steps, _ = _scan_shapes(init, xs, unary)
+        per_step = xs.shape[1] > 1  # else one matrix [*, 1, K, L] for every step
         alphas = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
-        mats = xs.transpose(-1, -2)  # [.., L, K]: each step reduces over its contiguous last dimension
-        mats = mats.contiguous() if xs.shape[1] == 1 else mats
+        work = xs.new_empty(*init.shape, xs.shape[-1])  # [B, K, L]: the sums of one step, reused
+        mats = xs.unbind(1) if per_step else [xs[:, 0]] * steps
+        outs, units = alphas.unbind(0), (unary.unbind(1) if unary is not None else None)
         prev = init
         for t in range(steps):
-            torch.amax(prev.unsqueeze(-2) + mats[:, t if xs.shape[1] > 1 else 0], -1, out=alphas[t])
-            if unary is not None:
-                alphas[t] += unary[:, t]
-            prev = alphas[t]
-        ctx.save_for_backward(init, mats, unary, alphas)
-        ctx.per_step = xs.shape[1] > 1
+            torch.add(prev.unsqueeze(-1), mats[t], out=work)
+            torch.amax(work, -2, out=outs[t])
+            if units is not None:
+                outs[t].add_(units[t])
+            prev = outs[t]
+        ctx.save_for_backward(init, xs, unary, alphas)
         return alphas.movedim(0, -2)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        init, mats, unary, alphas = ctx.saved_tensors
-        xs = mats.transpose(-1, -2)
+        init, xs, unary, alphas = ctx.saved_tensors
         if torch.is_grad_enabled():
             return _scan_grad(Max, grad, init, xs, unary)
-        per_step = ctx.per_step  # else one matrix [1, 1, K, L] for every step and example
-        gx = torch.zeros_like(xs) if per_step else torch.zeros_like(xs[0, 0])
+        per_step = xs.shape[1] > 1
         nonzero = grad != 0
         if bool(nonzero.flatten(1).sum(1).le(1).all()):  # each example's gradient is one best path
-            return _MaxScan._path(init, mats, unary, alphas, grad, nonzero, gx, per_step)
+            return _MaxScan._path(init, xs, unary, alphas, grad, nonzero, ctx.needs_input_grad[1])
+        gx = torch.zeros_like(xs) if per_step else torch.zeros_like(xs[0, 0])
+        mats = xs.transpose(-1, -2)  # [.., L, K]
         gu = torch.empty_like(grad) if unary is not None else None
         carry = torch.zeros_like(init)
         for t in range(alphas.shape[0] - 1, -1, -1):  # a gradient spread over states: full backpointers
@@ -286,31 +320,41 @@ class _MaxScan(torch.autograd.Function):
         return carry, (gx if per_step else gx.reshape(xs.shape)), gu
 
     @staticmethod
-    def _path(init, mats, unary, alphas, grad, nonzero, gx, per_step):
+    def _path(init, xs, unary, alphas, grad, nonzero, need_xs: bool):
         """The backtrace when each example's gradient is one entry (weight w at step t0, state c0):
-        follow one state per example down the steps, no per-step synchronization."""
-        B, T = grad.shape[0], grad.shape[1]
+        follow one state per example down the steps, no per-step synchronization; the gradients are
+        written once at the end from the states and weights of every step."""
+        B, T, L = grad.shape
+        per_step = xs.shape[1] > 1
         rows = torch.arange(B, device=grad.device)
         flat = nonzero.flatten(1).to(torch.int8).argmax(1)  # [B]: t0 * L + c0 (0 where none)
-        t0, c0 = flat // grad.shape[-1], flat % grad.shape[-1]
+        t0, c0 = flat // L, flat % L
         w0 = grad.flatten(1)[rows, flat]
+        starts = set(t0.tolist())
+        columns = None if per_step else xs[0, 0].t().contiguous()  # [L, K]: row c holds the scores into state c
         w, c = torch.zeros_like(w0), c0
-        gu = torch.zeros_like(grad) if unary is not None else None
+        states, froms, weights = [None] * T, [None] * T, [None] * T
+        prevs = [init, *alphas.unbind(0)]
         for t in range(T - 1, -1, -1):
-            here = t0 == t
-            w, c = torch.where(here, w0, w), torch.where(here, c0, c)
-            if gu is not None:
-                gu[rows, t, c] = w
-            prev = alphas[t - 1] if t else init
-            y = (prev + (mats[rows, t, c] if per_step else mats[0, 0][c])).argmax(-1)
-            if per_step:
-                gx[rows, t, y, c] = w
-            else:
-                gx.index_put_((y, c), w, accumulate=True)
+            if t in starts:  # examples whose path begins here
+                here = t0 == t
+                w, c = torch.where(here, w0, w), torch.where(here, c0, c)
+            y = torch.add(prevs[t], xs[rows, t, :, c] if per_step else columns.index_select(0, c)).argmax(-1)
+            states[t], froms[t], weights[t] = c, y, w
             c = y
+        cs, ws = torch.stack(states, 1), torch.stack(weights, 1)  # [B, T]
+        gu = torch.zeros_like(grad).scatter_(-1, cs.unsqueeze(-1), ws.unsqueeze(-1)) if unary is not None else None
+        gx = None
+        if need_xs:
+            ys = torch.stack(froms, 1)
+            if per_step:
+                gx = torch.zeros_like(xs)
+                gx.view(B, T, -1).scatter_(-1, (ys * L + cs).unsqueeze(-1), ws.unsqueeze(-1))
+            else:
+                gx = torch.zeros_like(xs[0, 0]).index_put_((ys.flatten(), cs.flatten()), ws.flatten(), accumulate=True).reshape(xs.shape)
         carry = torch.zeros_like(init)
         carry[rows, c] = w
-        return carry, (gx if per_step else gx.reshape(mats.transpose(-1, -2).shape)), gu
+        return carry, gx, gu
 
 
 def _reduce_to(t: Tensor, shape: torch.Size) -> Tensor:
@@ -343,7 +387,8 @@ class LogSemiring(Semiring):
         return _LogSumExp.apply(x, dim)
 
     def scan(self, init, xs, unary=None):
-        return _LogScan.apply(init, xs, unary)
+        differentiated = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (init, xs, unary))
+        return _LogScan.apply(init, xs, unary, differentiated)
 
     def dot(self, a, b, dim):
         if dim == -1 and a.dim() >= 3 and b.dim() >= 3:  # [*, B, L, K]: a row shared by L, a matrix shared by B
@@ -354,16 +399,46 @@ class LogSemiring(Semiring):
         return _LogDot.apply(a, b, dim)
 
 
+class _MaxSum(torch.autograd.Function):
+    """max over ``dim`` whose forward keeps values only (``amax`` is several times cheaper than max
+    with indices) and whose backward finds the argmax of the slices the gradient reaches (every
+    slice, or only those of nonzero gradient where they are few: a goal read at one length per
+    example). Ties go to the first maximum, as ``max``. The backward is written in differentiable
+    ops of the gradient, so gradients of gradients (zero through ``x``) work."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int) -> Tensor:
+        ctx.dim = dim
+        ctx.save_for_backward(x)
+        return torch.amax(x, dim)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        (x,) = ctx.saved_tensors
+        x, dim = x.detach(), ctx.dim % x.dim()
+        xm, gm = x.movedim(dim, -1), g.unsqueeze(dim).movedim(dim, -1)  # the reduced dimension last
+        gm = gm.expand(*xm.shape[:-1], 1)
+        hit = gm.detach().squeeze(-1) != 0
+        out = torch.zeros_like(xm)
+        if int(hit.sum()) * 4 < hit.numel():  # few slices matter: their argmax only
+            where = hit.nonzero(as_tuple=True)
+            best = xm[where].argmax(-1, keepdim=True)
+            out = out.index_put((*where,), torch.zeros_like(xm[where]).scatter(-1, best, gm[where]))
+        else:
+            out = out.scatter(-1, xm.max(-1, keepdim=True).indices, gm)  # max: faster than argmax on CPU
+        return out.movedim(-1, dim), None
+
+
 class MaxSemiring(LogSemiring):
     """max / +. The value is the best score; its gradient is the argmax structure."""
 
     name = "Max"
 
     def sum(self, x, dim):
-        return x.max(dim).values
+        return _MaxSum.apply(x, dim)
 
     def dot(self, a, b, dim):
-        return (a + b).max(dim).values
+        return _MaxSum.apply(a + b, dim)
 
     def scan(self, init, xs, unary=None):
         return _MaxScan.apply(init, xs, unary)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -131,20 +132,9 @@ class _Job:
         self.lengths, self.batch, self.names = lengths, batch, names
         self.lead = semiring.extra
 
-    def chunks(self, elements: list[Tensor]) -> dict[tuple[str, int], Tensor]:
-        """Every input split once into its per-level chunks ``[*, B, size]``."""
-        out = {}
-        for name, x in zip(self.names, elements):
-            order, sizes = self.sch.chunks[name]
-            flat = x.reshape(*x.shape[: self.lead + 1], -1)
-            if sizes is None:  # read alike at every level: never split
-                out.update({(name, lev): flat for lev in range(len(self.sch.levels))})
-                continue
-            if order is not None:
-                flat = flat.index_select(-1, order.to(flat.device))
-            for lev, part in enumerate(torch.split(flat, sizes, dim=-1)):
-                out[(name, lev)] = part
-        return out
+    def chunks(self, elements: list[Tensor]) -> "_Chunks":
+        """Every input's per-level chunks ``[*, B, size]``, each input split once, when first read."""
+        return _Chunks(self, elements)
 
     def select_goal(self, goal: Tensor) -> Tensor:
         """``[*, B, lengths]`` -> ``[*, B]``: each example's goal at its own length."""
@@ -236,10 +226,20 @@ class _Job:
                     src = concat[key]
                 return _read(src, rd)
 
-            results = [self.step(st, read, like) for st in level.steps]
+            if lev == self.sch.goal_level and self.lengths is None and self._one_row(level):
+                st = level.steps[0]  # only the goal at the largest length is read: compute that row alone
+                results = [self.step(replace(st, L=1, mask=None if st.mask is None else st.mask[-1:]),
+                                     lambda rd: _last_row(read(rd), st.L), like)]
+            else:
+                results = [self.step(st, read, like) for st in level.steps]
             for chart, value in self.assemble(level, results).items():
                 store[(chart, lev)] = value
         return self.select_goal(store[(GOAL, self.sch.goal_level)])
+
+    @staticmethod
+    def _one_row(level: Level) -> bool:
+        """Whether the level is one step that writes its items in order (a row of it is an item)."""
+        return len(level.steps) == 1 and level.steps[0].L > 1 and all(a.index is None for a in level.charts.values())
 
     @staticmethod
     def _blocks(chart: str, levels: tuple[int, ...], store, scanned) -> list[Tensor]:
@@ -274,7 +274,8 @@ class _Job:
         else:
             if x.shape[self.lead] != self.batch:
                 return False
-            xs = x.narrow(-1, run.offset, T * run.K * run.L).reshape(*x.shape[:-1], T, run.K, run.L)
+            size = T * run.K * run.L  # (a narrow covering x whole would cost an x-sized gradient copy)
+            xs = (x if size == x.shape[-1] else x.narrow(-1, run.offset, size)).reshape(*x.shape[:-1], T, run.K, run.L)
         unary = None
         if run.unary is not None:
             u = flat[run.unary]
@@ -310,9 +311,32 @@ class _Tape(torch.autograd.Function):
         return (None, *tape.backward(ctx.job, ctx.state, grad))
 
 
-def _gathered(vals: Tensor, rd: Read) -> Tensor:
-    """Values gathered in instance order, ``[*, L*K]`` -> ``[*, L, K]``."""
-    return vals.reshape(*vals.shape[:-1], rd.L, rd.K)
+class _Chunks:
+    """``chunks[(input, level)]``: the input's entries read at that level, ``[*, B, size]``; an input
+    is split into its per-level chunks on first use (a fused scan reads its inputs whole)."""
+
+    def __init__(self, job: _Job, elements: list[Tensor]):
+        self.job, self.elements = job, dict(zip(job.names, elements))
+        self.parts: dict[str, list[Tensor] | Tensor] = {}
+
+    def __getitem__(self, key: tuple[str, int]) -> Tensor:
+        name, lev = key
+        if name not in self.parts:
+            x = self.elements[name]
+            order, sizes = self.job.sch.chunks[name]
+            flat = x.reshape(*x.shape[: self.job.lead + 1], -1)
+            if sizes is None:  # read alike at every level: never split
+                self.parts[name] = flat
+            else:
+                flat = flat if order is None else flat.index_select(-1, order.to(flat.device))
+                self.parts[name] = list(torch.split(flat, sizes, dim=-1))
+        part = self.parts[name]
+        return part if isinstance(part, Tensor) else part[lev]
+
+
+def _last_row(value: Tensor, L: int) -> Tensor:
+    """The last of ``L`` rows of a read ``[*, L, K]`` (a read broadcast over rows, ``[*, 1, K]``, as is)."""
+    return value.narrow(-2, L - 1, 1) if value.shape[-2] == L else value
 
 
 def _read(src: Tensor, rd: Read) -> Tensor:
