@@ -1,0 +1,156 @@
+"""structures.nn.HopAttention and MemoryHopAttention: attention over facts in K hops (Kim et al. 2017, §4.3)."""
+
+import itertools
+
+import pytest
+import torch
+
+from structures import HopChainCRF
+from structures.nn import AttentionOutput, HopAttention, MemoryHopAttention
+
+B, K, F, D = 3, 3, 5, 4
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is faster, and much faster on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def facts(batch=B, hops=K, n=F, dim=D, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
+    return make(batch, hops, n, dim), make(batch, hops, n, dim), make(batch, hops, dim)
+
+
+LAYERS = [HopAttention("binary"), HopAttention("unary"), HopAttention("binary", linear=True), HopAttention("unary", no_repeat=True)]
+
+
+def name(layer) -> str:
+    if isinstance(layer, MemoryHopAttention):
+        return f"memn2n-linear={layer.linear}"
+    return f"{layer.kind}-no_repeat={layer.no_repeat}-linear={layer.linear}"
+
+
+def run(layer, inputs, outputs, queries, lengths=None):
+    if isinstance(layer, MemoryHopAttention):
+        return layer(inputs, outputs, queries[:, 0], lengths)
+    return layer(inputs, outputs, queries, lengths)
+
+
+@pytest.mark.parametrize("layer", LAYERS + [MemoryHopAttention(), MemoryHopAttention(linear=True)], ids=name)
+def test_shapes(layer):
+    out = run(layer, *facts())
+    assert isinstance(out, AttentionOutput)
+    assert out.context.shape == (B, D) and out.attention.shape == (B, K, F)
+    if isinstance(layer, HopAttention):
+        assert out.distribution.decode().shape == (B, K)
+        torch.testing.assert_close(out.attention.sum(-1), torch.ones(B, K))
+    else:
+        assert out.distribution is None
+
+
+@pytest.mark.parametrize("layer", LAYERS + [MemoryHopAttention(), MemoryHopAttention(linear=True)], ids=name)
+def test_padded_facts_get_no_attention_and_a_padded_batch_equals_one_by_one(layer):
+    inputs, outputs, queries = facts()
+    lengths = torch.tensor([5, 2, 3])
+    out = run(layer, inputs, outputs, queries, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        assert (out.attention[b, :, n:] == 0).all()
+        alone = run(layer, inputs[b:b + 1, :, :n], outputs[b:b + 1, :, :n], queries[b:b + 1])
+        torch.testing.assert_close(out.context[b], alone.context[0])
+        torch.testing.assert_close(out.attention[b, :, :n], alone.attention[0])
+        if out.distribution is not None:
+            assert out.distribution.decode()[b].tolist() == alone.distribution.decode()[0].tolist()
+
+
+def test_context_is_the_expected_output_embedding_under_the_hop_marginals():
+    inputs, outputs, queries = facts()
+    out = HopAttention("binary")(inputs, outputs, queries)
+    torch.testing.assert_close(out.attention, out.distribution.hop_marginals)
+    torch.testing.assert_close(out.context, torch.einsum("bkf,bkfd->bd", out.attention, outputs))
+
+
+def test_binary_marginals_are_those_of_the_papers_chain_by_enumeration():
+    """p(z) ∝ exp Σ_k θ_{k,k+1}(z_k, z_{k+1}) with θ from A.4 (log_softmax query scores), no repeats."""
+    inputs, outputs, queries = facts(batch=1, dtype=torch.float64)
+    out = HopAttention("binary")(inputs, outputs, queries)
+    s = torch.log_softmax(torch.einsum("kfd,kd->kf", inputs[0], queries[0]), -1)
+    weights = torch.zeros(K, F, dtype=torch.float64)
+    total = 0.0
+    for z in itertools.product(range(F), repeat=K):
+        if any(z[k] == z[k + 1] for k in range(K - 1)):
+            continue
+        score = sum(s[k, z[k]] + inputs[0, k, z[k]] @ inputs[0, k + 1, z[k + 1]] + s[k + 1, z[k + 1]] for k in range(K - 1))
+        p = torch.exp(score)
+        total += p
+        for k in range(K):
+            weights[k, z[k]] += p
+    torch.testing.assert_close(out.attention[0], weights / total)
+
+
+def test_unary_marginals_are_per_hop_softmaxes():
+    inputs, outputs, queries = facts()
+    out = HopAttention("unary")(inputs, outputs, queries, torch.tensor([5, 4, 2]))
+    scores = torch.einsum("bkfd,bkd->bkf", inputs, queries)
+    mask = torch.arange(F) < torch.tensor([5, 4, 2])[:, None, None]
+    torch.testing.assert_close(out.attention, torch.softmax(scores.masked_fill(~mask, float("-inf")), -1))
+
+
+def test_binary_never_decodes_or_weighs_the_same_fact_twice_in_a_row():
+    inputs, outputs, queries = facts(seed=3)
+    inputs[:, 1] = inputs[:, 0]  # make repeating the first hop's fact attractive
+    out = HopAttention("binary")(inputs, outputs, queries)
+    pairs = out.distribution.marginals[:, 1:]
+    assert (pairs.diagonal(dim1=-2, dim2=-1) == 0).all()
+    z = out.distribution.decode()
+    assert (z[:, 1:] != z[:, :-1]).all()
+
+
+def test_memn2n_hops_follow_the_updated_query():
+    inputs, outputs, queries = facts()
+    out = MemoryHopAttention()(inputs, outputs, queries[:, 0])
+    u = queries[:, 0]
+    for k in range(K):
+        w = torch.softmax(torch.einsum("bfd,bd->bf", inputs[:, k], u), -1)
+        torch.testing.assert_close(out.attention[:, k], w)
+        u = u + torch.einsum("bf,bfd->bd", w, outputs[:, k])
+    torch.testing.assert_close(queries[:, 0] + out.context, u)
+
+
+@pytest.mark.parametrize("layer", LAYERS + [MemoryHopAttention()], ids=name)
+def test_gradients(layer):
+    inputs, outputs, queries = (t.requires_grad_() for t in facts(batch=2, hops=2, n=4, dim=3, dtype=torch.float64))
+    lengths = torch.tensor([4, 3])
+    assert torch.autograd.gradcheck(lambda x, o, q: run(layer, x, o, q, lengths).context, (inputs, outputs, queries))
+
+
+def test_inputs_are_not_mutated():
+    inputs, outputs, queries = facts()
+    copies = [t.clone() for t in (inputs, outputs, queries)]
+    HopAttention("binary")(inputs, outputs, queries, torch.tensor([5, 2, 3]))
+    for t, c in zip((inputs, outputs, queries), copies):
+        assert torch.equal(t, c)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda x, o, q: HopAttention()(x[0], o, q), "inputs"),
+    (lambda x, o, q: HopAttention()(x, o[..., :2], q), "outputs"),
+    (lambda x, o, q: HopAttention()(x, o, q[:, 0]), "queries"),
+    (lambda x, o, q: HopAttention()(x, o, q, torch.tensor([5, 6, 1])), "lengths"),
+    (lambda x, o, q: HopAttention()(x, o, q, torch.tensor([5, 1, 2])), "lengths"),  # no_repeat needs 2 facts
+    (lambda x, o, q: HopAttention()(x[:, :1], o[:, :1], q[:, :1]), "inputs"),  # binary needs 2 hops
+    (lambda x, o, q: MemoryHopAttention()(x, o, q), "query"),
+    (lambda x, o, q: HopAttention("ternary"), "kind"),
+])
+def test_bad_input_raises_naming_the_argument(call, name):
+    with pytest.raises(ValueError, match=name):
+        call(*facts())
+
+
+def test_structure_is_the_hop_chain_crf():
+    out = HopAttention("unary")(*facts())
+    assert isinstance(out.distribution, HopChainCRF)
