@@ -1,0 +1,434 @@
+"""Question answering on bAbI with structured attention over facts (Kim et al. 2017, §4.3, Table 4).
+
+Three models over the same fact and query representations (appendix A.4): MemN2N (Sukhbaatar et
+al. 2015: position encoding, temporal encoding, adjacent weight tying, K greedy softmax hops), and
+the unary and binary hop chain CRFs (:class:`structures.nn.HopAttention`). Each is trained per task
+on the 1K training set (10% held out for validation) with SGD, learning rate 0.01 halved every 25
+epochs for 100 epochs, gradients renormalized above norm 40, and *linear start*: for the first 20
+epochs MemN2N's attention has no softmax and the CRFs' query scores no log_softmax. The best of
+``--runs`` initializations on validation answer accuracy is reported, with answer accuracy and
+supporting-fact sequence accuracy (MemN2N: the argmax of each hop's attention; the CRFs: the
+decoded hop chain) on the test set.
+
+    python -m structures.experiments.babi --tasks 2 3 11 --models memn2n binary unary --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from ..nn import AttentionOutput, HopAttention, MemoryHopAttention
+from .babi_data import Batch, build_vocab, read_examples, task_files, to_batch
+
+REPO = Path(__file__).resolve().parents[2]
+MODELS = ("memn2n", "binary", "unary")
+LABELS = {"memn2n": "MemN2N", "binary": "Binary CRF", "unary": "Unary CRF"}
+
+# Kim et al. 2017, Table 4: K, then (answer %, fact %) for MemN2N, binary CRF, unary CRF (None: not measured)
+PAPER = {
+    2: (2, (87.3, 46.8), (84.7, 81.8), (43.5, 22.3)),
+    3: (3, (52.6, 1.4), (40.5, 0.1), (28.2, 0.0)),
+    7: (3, (83.2, None), (83.5, None), (79.3, None)),
+    8: (3, (94.1, None), (93.3, None), (87.1, None)),
+    11: (2, (97.8, 38.2), (97.7, 80.8), (88.6, 0.0)),
+    13: (2, (95.6, 14.8), (97.0, 36.4), (94.4, 9.3)),
+    14: (2, (99.9, 77.6), (99.7, 98.2), (90.5, 30.2)),
+    15: (2, (100.0, 59.3), (100.0, 89.5), (100.0, 51.4)),
+    16: (3, (97.1, 91.0), (97.9, 85.6), (98.0, 41.4)),
+    17: (2, (61.1, 23.9), (60.6, 49.6), (59.7, 10.5)),
+    18: (2, (86.4, 3.3), (92.2, 3.9), (92.0, 1.4)),
+    19: (2, (21.3, 10.2), (24.4, 11.5), (24.3, 7.8)),
+}
+PAPER_AVERAGE = {"memn2n": (81.4, 39.6), "binary": (81.0, 53.7), "unary": (73.8, 17.4)}
+DEFAULT_TASKS = (2, 3, 11, 13, 14, 15, 16, 17, 18, 19)
+
+
+def default_data_dir() -> Path:
+    return REPO.parent / "shared" / "data"
+
+
+def paper(task: int, model: str) -> tuple[float | None, float | None]:
+    """The paper's (answer %, fact %) for ``model`` on ``task`` (None where not reported)."""
+    if task not in PAPER:
+        return None, None
+    return PAPER[task][1 + MODELS.index(model)]
+
+
+def hops_for(task: int) -> int:
+    """K, the number of hops the paper uses for ``task`` (the supporting facts' count elsewhere)."""
+    return PAPER[task][0] if task in PAPER else {1: 1, 4: 1, 5: 1, 6: 1, 9: 1, 10: 1, 12: 1, 20: 1}.get(task, 2)
+
+
+@dataclass
+class Task:
+    """One bAbI task as tensors: ``train``/``valid``/``test`` :class:`Batch`es and the vocabulary."""
+
+    number: int
+    train: Batch
+    valid: Batch
+    test: Batch
+    vocab: dict[str, int]
+    test_text: list = field(default_factory=list)  # the test Examples, for the figures
+
+
+def load_task(task: int, data_dir: Path | None = None, memory_size: int = 25, valid_fraction: float = 0.1,
+              seed: int = 0, limit: int | None = None) -> Task:
+    """Read the 1K task ``task`` and split off ``valid_fraction`` of its training questions (a
+    seeded shuffle). ``limit`` keeps the first ``limit`` training and test questions (quick runs)."""
+    train_path, test_path = task_files(data_dir or default_data_dir(), task)
+    if not train_path.exists():
+        raise FileNotFoundError(f"bAbI task {task} not found: {train_path}")
+    train, test = read_examples(train_path, memory_size), read_examples(test_path, memory_size)
+    if limit is not None:
+        train, test = train[:limit], test[:limit]
+    vocab = build_vocab(train, test)
+    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
+    n_valid = max(1, int(round(valid_fraction * len(train))))
+    everything = to_batch(train, vocab, memory_size)
+    test_batch = to_batch(test, vocab, memory_size)
+    return Task(task, everything.select(order[n_valid:]), everything.select(order[:n_valid]), test_batch, vocab, test)
+
+
+def position_encoding(words: Tensor, dim: int) -> Tensor:
+    """Sukhbaatar et al.'s weights ``l_kj = (1 - j/J) - (k/d)(1 - 2j/J)`` for ``words [..., J]``
+    (ids, 0 = padding; ``J`` = each sentence's own length): ``[..., J, dim]``, 0 at padding."""
+    length = (words > 0).sum(-1, keepdim=True).clamp_min(1).unsqueeze(-1).float()  # [..., 1, 1]
+    j = torch.arange(1, words.shape[-1] + 1, dtype=torch.float).unsqueeze(-1)  # [J, 1]
+    k = torch.arange(1, dim + 1, dtype=torch.float) / dim  # [dim]
+    weights = (1 - j / length) - k * (1 - 2 * j / length)
+    return weights * (words > 0).unsqueeze(-1)
+
+
+class BabiModel(nn.Module):
+    """MemN2N or a hop chain CRF over a story (appendix A.4), ``dim``-dimensional embeddings.
+
+    Embedding matrices ``E_0..E_K`` and temporal encodings ``T_0..T_K`` with adjacent tying: hop
+    ``k`` reads facts through ``E_{k-1}`` (``x^k``) and ``E_k`` (``o^k``), the question through
+    ``E_0`` and the answer scores are ``(final query) E_K^T``. MemN2N's final query is
+    ``q^K + c^K``; the CRFs' ``q^K + c`` with ``q^{k+1} = Q q^k`` (``Q`` initialized to the identity).
+    """
+
+    def __init__(self, kind: str, vocab_size: int, hops: int, dim: int = 20, memory_size: int = 25):
+        super().__init__()
+        if kind not in MODELS:
+            raise ValueError(f"kind: expected one of {MODELS}, got {kind!r}")
+        self.kind, self.hops, self.dim = kind, hops, dim
+        self.embeddings = nn.ModuleList(nn.Embedding(vocab_size + 1, dim, padding_idx=0) for _ in range(hops + 1))
+        self.temporal = nn.Parameter(0.1 * torch.randn(hops + 1, memory_size, dim))
+        with torch.no_grad():
+            for embedding in self.embeddings:
+                embedding.weight.normal_(0, 0.1)[0].zero_()
+        if kind == "memn2n":
+            self.attention = MemoryHopAttention()
+        else:
+            self.attention = HopAttention(kind)
+            self.query_map = nn.Linear(dim, dim, bias=False)
+            nn.init.eye_(self.query_map.weight)
+
+    @property
+    def linear(self) -> bool:
+        return self.attention.linear
+
+    @linear.setter
+    def linear(self, value: bool) -> None:
+        self.attention.linear = value
+
+    def encode(self, words: Tensor, k: int, weights: Tensor | None = None) -> Tensor:
+        """``words [..., J]`` → position-encoded bag of words ``[..., dim]`` with ``E_k``
+        (``weights``: their :func:`position_encoding`, when already computed)."""
+        weights = position_encoding(words, self.dim) if weights is None else weights
+        return (weights * self.embeddings[k](words)).sum(-2)
+
+    def forward(self, batch: Batch) -> tuple[Tensor, AttentionOutput]:
+        """Answer scores ``[N, V+1]`` (index 0, padding, included) and the attention output."""
+        B, M, _ = batch.stories.shape
+        recency = (batch.lengths.unsqueeze(-1) - 1 - torch.arange(M)).clamp_min(0)  # [B, M]: 0 = newest fact
+        weights = position_encoding(batch.stories, self.dim)
+        memories = torch.stack([self.encode(batch.stories, k, weights) + self.temporal[k][recency] for k in range(self.hops + 1)], 1)
+        inputs, outputs = memories[:, :-1], memories[:, 1:]  # [B, K, M, dim]
+        query = self.encode(batch.queries, 0)
+        if self.kind == "memn2n":
+            out = self.attention(inputs, outputs, query, batch.lengths)
+            final = query + out.context
+        else:
+            queries = [query]
+            for _ in range(self.hops - 1):
+                queries.append(self.query_map(queries[-1]))
+            out = self.attention(inputs, outputs, torch.stack(queries, 1), batch.lengths)
+            final = queries[-1] + out.context
+        return final @ self.embeddings[self.hops].weight.t(), out
+
+    def selected_facts(self, out: AttentionOutput) -> Tensor:
+        """``[N, K]``: MemN2N's argmax per hop, or the CRF's decoded hop chain."""
+        return out.attention.argmax(-1) if out.distribution is None else out.distribution.decode()
+
+
+def build_model(kind: str, task: Task, hops: int | None = None, dim: int = 20) -> BabiModel:
+    """A fresh :class:`BabiModel` for ``task`` (``hops`` defaults to the paper's K)."""
+    return BabiModel(kind, len(task.vocab), hops or hops_for(task.number), dim, task.train.stories.shape[1])
+
+
+def train_epoch(model: BabiModel, data: Batch, optimizer: torch.optim.Optimizer, batch_size: int = 32,
+                max_norm: float = 40.0, generator: torch.Generator | None = None) -> float:
+    """One pass of SGD over ``data`` in shuffled minibatches (loss summed over each batch, as in
+    MemN2N; gradients renormalized above ``max_norm``). Returns the mean loss per question."""
+    model.train()
+    total = 0.0
+    for index in torch.randperm(len(data), generator=generator).split(batch_size):
+        logits, _ = model(data.select(index))
+        loss = nn.functional.cross_entropy(logits, data.answers[index], reduction="sum")
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        total += loss.item()
+    return total / len(data)
+
+
+def fact_sequence_correct(selected: Tensor, support: Tensor) -> Tensor:
+    """``[N]`` bool: the selected facts ``[N, K]`` are exactly the supporting facts ``[N, S]``
+    (-1 padded) in order (a question with a different number of supporting facts than K never is)."""
+    width = max(selected.shape[1], support.shape[1])
+    pad = lambda t: nn.functional.pad(t, (0, width - t.shape[1]), value=-1)  # noqa: E731
+    return (pad(selected) == pad(support)).all(-1) & (support.max(-1).values >= 0)
+
+
+@torch.no_grad()
+def evaluate(model: BabiModel, data: Batch, batch_size: int = 256) -> dict[str, float]:
+    """``{"loss", "answer", "fact"}``: mean loss, answer accuracy and supporting-fact sequence accuracy (%)."""
+    model.eval()
+    loss = answer = fact = 0.0
+    for index in torch.arange(len(data)).split(batch_size):
+        batch = data.select(index)
+        logits, out = model(batch)
+        loss += nn.functional.cross_entropy(logits, batch.answers, reduction="sum").item()
+        answer += (logits.argmax(-1) == batch.answers).sum().item()
+        fact += fact_sequence_correct(model.selected_facts(out), batch.support).sum().item()
+    n = len(data)
+    return {"loss": loss / n, "answer": 100 * answer / n, "fact": 100 * fact / n}
+
+
+@dataclass
+class RunConfig:
+    epochs: int = 100
+    linear_start: int = 20
+    lr: float = 0.01
+    decay_every: int = 25
+    batch_size: int = 32
+    dim: int = 20
+
+
+def train_run(kind: str, task: Task, seed: int, config: RunConfig) -> tuple[BabiModel, dict]:
+    """Train one model from seed ``seed``; return it and its validation/test metrics and wall time."""
+    start = time.perf_counter()
+    torch.manual_seed(seed)
+    model = build_model(kind, task, dim=config.dim)
+    optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
+    generator = torch.Generator().manual_seed(seed)
+    for epoch in range(config.epochs):
+        model.linear = epoch < config.linear_start
+        for group in optimizer.param_groups:
+            group["lr"] = config.lr / 2 ** (epoch // config.decay_every)
+        train_loss = train_epoch(model, task.train, optimizer, config.batch_size, generator=generator)
+    model.linear = False
+    valid, test = evaluate(model, task.valid), evaluate(model, task.test)
+    result = {"seed": seed, "train_loss": train_loss, "valid_answer": valid["answer"], "valid_loss": valid["loss"],
+              "test_answer": test["answer"], "test_fact": test["fact"], "seconds": time.perf_counter() - start}
+    if not math.isfinite(train_loss):
+        result["valid_answer"] = -1.0  # a diverged run is never the best one
+    return model, result
+
+
+def summarize(task: int, kind: str, runs: list[dict]) -> dict:
+    """The table row: the best run on validation answer accuracy (then loss), and means over runs."""
+    best = max(runs, key=lambda r: (r["valid_answer"], -r["valid_loss"]))
+    paper_answer, paper_fact = paper(task, kind)
+    mean = lambda key: sum(r[key] for r in runs) / len(runs)  # noqa: E731
+    return {"task": task, "K": hops_for(task), "model": kind, "runs": len(runs), "best_seed": best["seed"],
+            "valid_answer": best["valid_answer"], "test_answer": best["test_answer"], "test_fact": best["test_fact"],
+            "mean_test_answer": mean("test_answer"), "mean_test_fact": mean("test_fact"),
+            "paper_answer": paper_answer, "paper_fact": paper_fact, "seconds": sum(r["seconds"] for r in runs)}
+
+
+def average_rows(rows: list[dict], models: list[str]) -> list[dict]:
+    """One row per model averaging the per-task rows (the paper's averages where the task set is theirs)."""
+    averages = []
+    for kind in models:
+        mine = [r for r in rows if r["model"] == kind]
+        if not mine:
+            continue
+        avg = lambda key: sum(r[key] for r in mine) / len(mine)  # noqa: E731
+        paper_rows = [r for r in mine if r["paper_fact"] is not None]
+        paper_mean = lambda key: sum(r[key] for r in paper_rows) / len(paper_rows) if len(paper_rows) == len(mine) else None  # noqa: E731
+        averages.append({"task": "average", "K": "", "model": kind, "runs": sum(r["runs"] for r in mine), "best_seed": "",
+                         "valid_answer": avg("valid_answer"), "test_answer": avg("test_answer"), "test_fact": avg("test_fact"),
+                         "mean_test_answer": avg("mean_test_answer"), "mean_test_fact": avg("mean_test_fact"),
+                         "paper_answer": paper_mean("paper_answer"), "paper_fact": paper_mean("paper_fact"),
+                         "seconds": sum(r["seconds"] for r in mine)})
+    return averages
+
+
+COLUMNS = ["task", "K", "model", "runs", "best_seed", "valid_answer", "test_answer", "test_fact",
+           "mean_test_answer", "mean_test_fact", "paper_answer", "paper_fact", "seconds"]
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def write_tables(rows: list[dict], out: Path, command: str) -> None:
+    """``babi.csv`` and ``babi.md`` under ``out``."""
+    with open(out / "babi.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: ("" if r[k] is None else r[k]) for k in COLUMNS} for r in rows)
+    header = ["task", "K", "model", "runs", "best seed", "valid ans %", "test ans %", "test fact %",
+              "mean ans %", "mean fact %", "paper ans %", "paper fact %", "wall s"]
+    lines = [f"`{command}`", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        cells = [_fmt(r[k]) for k in COLUMNS]
+        cells[2] = LABELS[r["model"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    (out / "babi.md").write_text("\n".join(lines) + "\n")
+
+
+def write_runs(run_rows: list[dict], path: Path) -> None:
+    """Every run's metrics (``babi_runs.csv``)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(run_rows[0]))
+        writer.writeheader()
+        writer.writerows(run_rows)
+
+
+def plot_tasks(rows: list[dict], path: Path) -> None:
+    """Per-task bars of test answer and fact accuracy per model, the paper's values as black ticks."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = sorted({r["task"] for r in rows if r["task"] != "average"}, key=int)
+    models = [m for m in MODELS if any(r["model"] == m for r in rows)]
+    fig, axes = plt.subplots(2, 1, figsize=(max(6, 1.1 * len(tasks) + 2), 5.5), sharex=True)
+    width = 0.8 / len(models)
+    for ax, (key, paper_key, title) in zip(axes, [("test_answer", "paper_answer", "answer accuracy %"),
+                                                  ("test_fact", "paper_fact", "supporting-fact sequence accuracy %")]):
+        for m_i, kind in enumerate(models):
+            xs, ys, ps = [], [], []
+            for t_i, task in enumerate(tasks):
+                row = next((r for r in rows if r["task"] == task and r["model"] == kind), None)
+                if row is None:
+                    continue
+                x = t_i + (m_i - (len(models) - 1) / 2) * width
+                xs.append(x), ys.append(row[key]), ps.append(row[paper_key])
+            ax.bar(xs, ys, width, label=LABELS[kind], color=f"C{m_i}")
+            px = [x for x, p in zip(xs, ps) if p is not None]
+            ax.scatter(px, [p for p in ps if p is not None], marker="_", color="black", s=120, zorder=3,
+                       label="paper" if m_i == 0 else None)
+        ax.set_ylabel(title, fontsize=8)
+        ax.set_ylim(0, 105)
+    axes[0].legend(fontsize=7, ncol=len(models) + 1, loc="lower left")
+    axes[1].set_xticks(range(len(tasks)), [f"{t}" for t in tasks])
+    axes[1].set_xlabel("bAbI task (1K)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+@torch.no_grad()
+def plot_hops(model: BabiModel, task: Task, path: Path, index: int | None = None) -> int:
+    """Heatmap of one test story's hop marginals p(z_k = i) (facts × hops), fact texts on the left,
+    supporting facts marked; like Kim et al.'s Figure 5. Picks the first correctly answered test
+    question whose supporting facts the model decodes exactly, unless ``index`` is given. Returns it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    model.eval()
+    logits, out = model(task.test)
+    chosen = model.selected_facts(out)
+    if index is None:
+        good = (logits.argmax(-1) == task.test.answers) & fact_sequence_correct(chosen, task.test.support)
+        readable = good & (task.test.lengths <= 12)  # the longest story still short enough to read
+        index = int((task.test.lengths * readable).argmax()) if readable.any() else 0
+    example = task.test_text[index]
+    n = len(example.memory)
+    marginals = out.attention[index, :, :n].T.numpy()  # [facts, hops]
+    fig, ax = plt.subplots(figsize=(5.5, 0.32 * n + 1.4))
+    ax.imshow(marginals, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    ax.set_yticks(range(n), [f"{i + 1}. {' '.join(s)}" for i, s in enumerate(example.memory)], fontsize=7)
+    ax.set_xticks(range(model.hops), [f"hop {k + 1}" for k in range(model.hops)], fontsize=7)
+    for k, f in enumerate(example.support[: model.hops]):
+        if f >= 0:
+            ax.add_patch(plt.Rectangle((k - 0.5, f - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.5))
+    for k, f in enumerate(chosen[index].tolist()):
+        ax.text(k, f, f"{marginals[f, k]:.2f}", ha="center", va="center", fontsize=6, color="orange")
+    ax.set_title(f"task {task.number}, {LABELS[model.kind]}: {' '.join(example.question)}? {example.answer}\n"
+                 "(red boxes: supporting facts; numbers: p(z_k = i) of the decoded chain)", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return index
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=Path, default=default_data_dir())
+    parser.add_argument("--tasks", type=int, nargs="+", default=list(DEFAULT_TASKS))
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--linear-start", type=int, default=20, help="epochs without softmax (MemN2N) / log_softmax (CRFs)")
+    parser.add_argument("--runs", type=int, default=1, help="initializations per task and model; the best on validation is reported")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="one task, 200 questions, 3 epochs (seconds)")
+    parser.add_argument("--plot-task", type=int, default=16, help="the task whose binary CRF story is drawn (default 16, as Fig. 5)")
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "babi")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    limit = None
+    if args.quick:
+        args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
+    config = RunConfig(epochs=args.epochs, linear_start=args.linear_start)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python -m structures.experiments.babi " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
+    plot_kind = "binary" if "binary" in args.models else args.models[0]
+    plot_task = args.plot_task if args.plot_task in args.tasks else args.tasks[0]
+    tasks = {t: load_task(t, args.data_dir, seed=args.seed, limit=limit) for t in args.tasks}
+    runs: dict[tuple[int, str], list[dict]] = {}
+    run_rows, plot_best = [], None
+    bar = tqdm(total=len(args.tasks) * len(args.models) * args.runs, desc="babi")
+    # seeds outermost: after each pass every task and model has one more run, and the tables (written
+    # after every run) hold the best so far, so that a run cut short still covers every task
+    for seed in range(args.seed, args.seed + args.runs):
+        for task_number, task in tasks.items():
+            for kind in args.models:
+                model, result = train_run(kind, task, seed, config)
+                runs.setdefault((task_number, kind), []).append(result)
+                run_rows.append({"task": task_number, "model": kind, **result})
+                rows = [summarize(t, m, r) for (t, m), r in runs.items()]
+                write_tables(rows + average_rows(rows, args.models), args.out, command)
+                write_runs(run_rows, args.out / "babi_runs.csv")
+                if (task_number, kind) == (plot_task, plot_kind) and (plot_best is None or (result["valid_answer"], -result["valid_loss"]) > plot_best):
+                    plot_best = (result["valid_answer"], -result["valid_loss"])
+                    plot_hops(model, task, args.out / "babi_hops.png")
+                bar.set_postfix(task=task_number, model=kind, ans=f"{result['test_answer']:.1f}", fact=f"{result['test_fact']:.1f}")
+                bar.update()
+            plot_tasks(rows, args.out / "babi_tasks.png")
+    bar.close()
+    rows += average_rows(rows, args.models)
+    print((args.out / "babi.md").read_text())
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""structures.experiments.babi: data, models, training and the quick end-to-end run (bAbI 1K, Kim et al. 2017 §4.3)."""
+
+import csv
+
+import pytest
+import torch
+
+from structures import HopChainCRF
+from structures.experiments import babi
+from structures.experiments.babi_data import read_examples, task_files
+
+DATA = babi.default_data_dir()
+needs_data = pytest.mark.skipif(not task_files(DATA, 2)[0].exists(), reason="bAbI data not available")
+
+
+@pytest.fixture(scope="module")
+def task2():
+    return babi.load_task(2, DATA, limit=100)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Like the experiment's entry point: one thread (the tests are otherwise slow on a shared machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@needs_data
+def test_load_task_splits_off_a_tenth_for_validation():
+    task = babi.load_task(2, DATA)
+    assert (len(task.train), len(task.valid), len(task.test)) == (900, 100, 1000)
+    assert task.train.stories.shape[1] == 25 and (task.train.lengths <= 25).all() and (task.train.lengths >= 2).all()
+
+
+@needs_data
+def test_supporting_facts_index_the_memory():
+    """Task 2 asks where an object is: its last supporting fact puts the carrier in the answer's place."""
+    examples = read_examples(task_files(DATA, 2)[1], 25)
+    for ex in examples:
+        assert len(ex.support) == 2 and min(ex.support) >= 0
+        assert ex.answer in ex.memory[ex.support[1]]
+
+
+def test_position_encoding_is_sukhbaatars_and_zero_at_padding():
+    words = torch.tensor([[5, 7, 9, 0]])
+    l = babi.position_encoding(words, 4)
+    J, d = 3, 4
+    for j in range(1, J + 1):
+        for k in range(1, d + 1):
+            assert l[0, j - 1, k - 1].item() == pytest.approx((1 - j / J) - (k / d) * (1 - 2 * j / J))
+    assert (l[0, 3] == 0).all()
+
+
+def test_fact_sequence_accuracy_needs_the_exact_sequence():
+    selected = torch.tensor([[3, 1], [1, 3], [3, 1], [3, 1]])
+    support = torch.tensor([[3, 1, -1], [3, 1, -1], [3, 1, 2], [-1, -1, -1]])
+    assert babi.fact_sequence_correct(selected, support).tolist() == [True, False, False, False]
+
+
+@needs_data
+@pytest.mark.parametrize("kind", babi.MODELS)
+def test_models_answer_over_the_vocabulary_and_select_one_fact_per_hop(task2, kind):
+    model = babi.build_model(kind, task2)
+    logits, out = model(task2.test.select(slice(0, 8)))
+    assert logits.shape == (8, len(task2.vocab) + 1)
+    facts = model.selected_facts(out)
+    assert facts.shape == (8, 2) and (facts < task2.test.lengths[:8, None]).all()
+    assert isinstance(out.distribution, HopChainCRF) == (kind != "memn2n")
+
+
+@needs_data
+@pytest.mark.parametrize("kind", ["memn2n", "binary"])
+def test_training_lowers_the_loss(task2, kind):
+    torch.manual_seed(0)
+    model = babi.build_model(kind, task2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    before = babi.evaluate(model, task2.train)["loss"]
+    for _ in range(2):
+        babi.train_epoch(model, task2.train, optimizer, generator=torch.Generator().manual_seed(0))
+    assert babi.evaluate(model, task2.train)["loss"] < before
+
+
+@needs_data
+def test_a_run_is_deterministic_given_its_seed(task2):
+    config = babi.RunConfig(epochs=1, linear_start=1)
+    first = babi.train_run("binary", task2, 3, config)[1]
+    second = babi.train_run("binary", task2, 3, config)[1]
+    assert {k: v for k, v in first.items() if k != "seconds"} == {k: v for k, v in second.items() if k != "seconds"}
+
+
+@needs_data
+def test_quick_run_writes_tables_and_figures(tmp_path):
+    rows = babi.main(["--quick", "--out", str(tmp_path)])
+    assert [r["model"] for r in rows] == list(babi.MODELS) * 2
+    for name in ("babi.md", "babi.csv", "babi_runs.csv", "babi_tasks.png", "babi_hops.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    with open(tmp_path / "babi.csv") as f:
+        table = list(csv.DictReader(f))
+    assert {r["task"] for r in table} == {"2", "average"}
+    assert all(0 <= float(r["test_answer"]) <= 100 and 0 <= float(r["test_fact"]) <= 100 for r in table)
+    assert table[0]["paper_answer"] == "87.3" and float(table[0]["seconds"]) > 0
