@@ -35,6 +35,13 @@ def test_load_task_splits_off_a_tenth_for_validation():
 
 
 @needs_data
+def test_memories_are_padded_to_the_longest_story_only():
+    task = babi.load_task(16, DATA)  # every task 16 story has 9 statements
+    assert task.train.stories.shape[1] == task.test.stories.shape[1] == 9 and (task.test.lengths == 9).all()
+    assert babi.build_model("binary", task).temporal.shape == (4, 9, 20)
+
+
+@needs_data
 def test_supporting_facts_index_the_memory():
     """Task 2 asks where an object is: its last supporting fact puts the carrier in the answer's place."""
     examples = read_examples(task_files(DATA, 2)[1], 25)
