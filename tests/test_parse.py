@@ -8,7 +8,7 @@ import torch
 from structures import NonProjectiveDependencyCRF
 from structures.experiments import parse
 from structures.experiments.attachment import is_projective, is_tree
-from structures.experiments.ud import TREEBANKS, Sentence, default_data_dir, read_conllu
+from structures.experiments.ud import PUD, TREEBANKS, Sentence, default_data_dir, read_conllu
 
 DATA = default_data_dir()
 needs_data = pytest.mark.skipif(not (DATA / "ud").exists(), reason="shared UD data not available")
@@ -97,12 +97,15 @@ def test_the_parser_fits_a_few_sentences():
 
 
 @needs_data
-@pytest.mark.parametrize("treebank, loss", [("lassysmall", "nonprojective"), ("ewt", "projective"), ("lassysmall", "local")])
-def test_quick_command_writes_scores_trees_and_pictures(tmp_path, treebank, loss):
-    rows = parse.main(["--treebank", treebank, "--loss", loss, "--quick", "--max-sentences", "30", "--out", str(tmp_path)])
-    assert [r["decoder"] for r in rows] == list(parse.DECODERS[loss])
+@pytest.mark.parametrize("treebank, loss, pud", [("lassysmall", "nonprojective", None), ("ewt", "projective", "en"), ("lassysmall", "local", None)])
+def test_quick_command_writes_scores_trees_and_pictures(tmp_path, treebank, loss, pud):
+    extra = ["--pud", pud] if pud else []
+    rows = parse.main(["--treebank", treebank, "--loss", loss, "--quick", "--max-sentences", "30", "--out", str(tmp_path), *extra])
+    evaluated = [treebank] + ([f"pud-{pud}"] if pud else [])
+    assert [(r["eval_file"], r["decoder"]) for r in rows] == [(e, d) for e in evaluated for d in parse.DECODERS[loss]]
     for r in rows:
         assert 0.0 <= r["uas"] <= 1.0 and r["valid"] == (1.0 if r["decoder"] != "argmax" else r["valid"])
+        assert 0.0 < r["decode_share"] < 1.0 and r["score_s"] > 0.0
     name = f"{treebank}_{loss}"
     for suffix in (".md", ".csv", "_trees.png", "_marginals.png", f"_{rows[0]['decoder']}.conllu"):
         assert (tmp_path / f"{name}{suffix}").stat().st_size > 0
@@ -110,3 +113,6 @@ def test_quick_command_writes_scores_trees_and_pictures(tmp_path, treebank, loss
     gold = read_conllu(DATA / "ud" / TREEBANKS[treebank][1], max_sentences=30)
     assert [s.words for s in predicted] == [s.words for s in gold]
     assert all(is_tree(s.heads) for s in predicted)
+    if pud:
+        on_pud = read_conllu(tmp_path / f"{name}_pud-{pud}_{rows[-1]['decoder']}.conllu")
+        assert [s.words for s in on_pud] == [s.words for s in read_conllu(DATA / "ud" / PUD[pud], max_sentences=30)]

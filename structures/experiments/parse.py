@@ -38,7 +38,7 @@ from tqdm import tqdm
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
 
 from .attachment import Attachment, TreeShapes, is_projective
-from .ud import TREEBANKS, Sentence, default_data_dir, read_conllu, write_conllu
+from .ud import PUD, TREEBANKS, Sentence, default_data_dir, read_conllu, write_conllu
 
 LOSSES = ("projective", "nonprojective", "local")
 DECODERS = {"projective": ("eisner", "mst"), "nonprojective": ("mst", "eisner"), "local": ("argmax", "mst", "eisner")}
@@ -257,13 +257,15 @@ class Evaluation:
 def evaluate(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Vocab, decoders: Sequence[str],
              tokens_per_batch: int = 5000) -> tuple[dict[str, Evaluation], float]:
     """Parse every sentence with each decoder; returns the evaluations and the seconds spent
-    encoding and scoring arcs (shared by the decoders; each decoder's labelling is its own)."""
+    batching, encoding and scoring arcs (shared by the decoders; each decoder's decode and
+    labelling are its own)."""
     model.eval()
     results = {d: Evaluation(d, Attachment(), TreeShapes(), heads=[[] for _ in sentences],
                              labels=[[] for _ in sentences]) for d in decoders}
     scoring = 0.0
-    for batch in batches(sentences, vocab, tokens_per_batch):
+    for group in length_groups(sentences, tokens_per_batch):
         start = time.perf_counter()
+        batch = make_batch(sentences, group, vocab)
         h = model.encode(batch)
         scores = model.arc_scores(h)
         scoring += time.perf_counter() - start
@@ -349,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--data-dir", type=Path, default=default_data_dir())
     p.add_argument("--out", type=Path, default=Path("results/parse"))
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--pud", choices=sorted(PUD), default=None,
+                   help="also evaluate on this language's PUD file (1000 sentences, another domain)")
     args = p.parse_args(argv)
     if args.quick:
         args.max_sentences = args.max_sentences or 60
@@ -377,24 +381,32 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         w.writerows(curve)
     torch.save({"state": model.state_dict(), "vocab": vocab, "args": vars(args)}, args.out / f"{name}.pt")
 
-    start = time.perf_counter()
-    evaluations, scoring = evaluate(model, test, vocab, DECODERS[args.loss])
-    eval_seconds = time.perf_counter() - start
-    wall = time.perf_counter() - wall
-
+    evaluated = [(args.treebank, test)]
+    if args.pud:
+        evaluated.append((f"pud-{args.pud}", read_conllu(args.data_dir / "ud" / PUD[args.pud], args.max_sentences)))
     rows = []
-    for d, r in evaluations.items():
-        a, shapes = r.attachment, r.shapes.fractions()
-        rows.append({
-            "treebank": args.treebank, "loss": args.loss, "decoder": d, "epochs": args.epochs, "seed": args.seed,
-            "train_sentences": len(train), "train_sentences_read": len(train_all), "eval_sentences": len(test),
-            "uas": a.uas, "las": a.las, "uas_no_punct": a.uas_no_punct, "las_no_punct": a.las_no_punct,
-            "valid": shapes["valid"], "single_root": shapes["single_root"], "projective": shapes["projective"],
-            "non_projective": shapes["non_projective"],
-            "decode_s": r.decode_seconds, "decode_share": r.decode_seconds / (scoring + r.label_seconds + r.decode_seconds),
-            "train_s": train_seconds, "eval_s": eval_seconds, "wall_s": wall,
-        })
-        write_conllu(args.out / f"{name}_{d}.conllu", test, r.heads, r.labels)
+    for eval_name, sentences in evaluated:
+        start = time.perf_counter()
+        evaluations, scoring = evaluate(model, sentences, vocab, DECODERS[args.loss])
+        eval_seconds = time.perf_counter() - start
+        for d, r in evaluations.items():
+            a, shapes = r.attachment, r.shapes.fractions()
+            rows.append({
+                "treebank": args.treebank, "loss": args.loss, "eval_file": eval_name, "decoder": d, "epochs": args.epochs,
+                "seed": args.seed, "train_sentences": len(train), "train_sentences_read": len(train_all),
+                "eval_sentences": len(sentences),
+                "uas": a.uas, "las": a.las, "uas_no_punct": a.uas_no_punct, "las_no_punct": a.las_no_punct,
+                "valid": shapes["valid"], "single_root": shapes["single_root"], "projective": shapes["projective"],
+                "non_projective": shapes["non_projective"],
+                "score_s": scoring, "decode_s": r.decode_seconds, "label_s": r.label_seconds,
+                "decode_share": r.decode_seconds / (scoring + r.label_seconds + r.decode_seconds),
+                "train_s": train_seconds, "eval_s": eval_seconds,
+            })
+            suffix = "" if eval_name == args.treebank else f"_{eval_name}"
+            write_conllu(args.out / f"{name}{suffix}_{d}.conllu", sentences, r.heads, r.labels)
+    wall = time.perf_counter() - wall
+    for r in rows:
+        r["wall_s"] = wall
     with open(args.out / f"{name}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
