@@ -105,7 +105,7 @@ def test_quick_command_writes_scores_trees_and_pictures(tmp_path, treebank, loss
     assert [(r["eval_file"], r["decoder"]) for r in rows] == [(e, d) for e in evaluated for d in parse.DECODERS[loss]]
     for r in rows:
         assert 0.0 <= r["uas"] <= 1.0 and r["valid"] == (1.0 if r["decoder"] != "argmax" else r["valid"])
-        assert 0.0 < r["decode_share"] < 1.0 and r["score_s"] > 0.0
+        assert 0.0 < r["decode_share"] <= r["decode_share_cold"] < 1.0 and r["score_s"] > 0.0 and r["first_use_s"] > 0.0
     name = f"{treebank}_{loss}"
     for suffix in (".md", ".csv", "_trees.png", "_marginals.png", f"_{rows[0]['decoder']}.conllu"):
         assert (tmp_path / f"{name}{suffix}").stat().st_size > 0
