@@ -32,8 +32,14 @@ Padding words are isolated nodes hanging from the root with weight 1: they contr
 ``log 1 = 0`` and exact zeros to every product, so an example's log-partition does not depend on
 the padding (up to float64 rounding of differently blocked sums).
 
-Second derivatives (the backward of the marginals) use the matrix-tree formula in float64
-(``torch.linalg``), not the exact path: accurate at moderate scales only.
+Second derivatives (the backward of the marginals, ``H G`` with ``H = ∂μ/∂θ`` the covariance of
+the arcs) follow the path that answered the forward: where the fast path was certified, the
+derivative of torch's float64 ``slogdet`` (twice differentiable); elsewhere the exact path is
+differentiated in forward mode (``H`` is symmetric, so the Jacobian-vector product in direction
+``G`` is the backward's ``H G``). The tangent of a subtraction-free computation stays accurate:
+the relative tangent of a sum of non-negative terms is a convex combination of theirs, of a
+product the sum of theirs. Where the forward needed log space or conditioning on the root's child,
+and for third derivatives off the fast path, ``slogdet`` is used (accurate at moderate scales).
 """
 
 from __future__ import annotations
@@ -432,9 +438,56 @@ def _laplacian(W: Tensor, real: Tensor, single_root: bool) -> Tensor:
     return torch.cat([W[:, 0:1, 1:], L[:, 1:]], 1)
 
 
-def _hessian_vector(theta: Tensor, mu: Tensor, G: Tensor, lengths: Tensor, single_root: bool) -> Tensor:
-    """``H G`` (H = ∂μ/∂θ, the covariance of the arcs): ``G ⊙ μ`` with the exact μ, plus the rest of
-    the derivative of ``⟨G, μ⟩`` by torch's ``logdet`` (float64). Differentiable when grad mode is on."""
+def _hessian_vector(theta: Tensor, mu: Tensor, G: Tensor, lengths: Tensor, single_root: bool,
+                    certified: Tensor) -> Tensor:
+    """``H G`` (H = ∂μ/∂θ, the covariance of the arcs): by the exact path in forward mode for the
+    examples whose forward was not ``certified`` by the fast path (:func:`_exact_tangent`), by
+    :func:`_slogdet_hessian_vector` for the others and wherever the exact tangent is out of range.
+    Differentiable when grad mode is on (then always by ``slogdet``)."""
+    if torch.is_grad_enabled():
+        return _slogdet_hessian_vector(theta, mu, G, lengths, single_root)
+    N = theta.shape[-1] - 1
+    valid, real = _masks(N, lengths, theta.device)
+    out = torch.zeros_like(theta)
+    by_slogdet = torch.ones_like(certified)
+    rows = (~certified & (mu.flatten(1).sum(1) > 0)).nonzero().squeeze(1)
+    if rows.numel():
+        lw = _shift(theta[rows].to(torch.float64), valid[rows])[0]
+        feasible, connected = _feasibility(lw, real[rows], single_root)
+        keep = feasible & connected
+        rows, lw = rows[keep], lw[keep]
+    if rows.numel():
+        tangent, ok = _exact_tangent(lw, G[rows].to(torch.float64).masked_fill(~valid[rows], 0.0), real[rows], single_root)
+        rows = rows[ok]
+        out[rows] = tangent[ok].masked_fill(~valid[rows], 0.0).to(out.dtype)
+        by_slogdet[rows] = False
+    rows = by_slogdet.nonzero().squeeze(1)
+    if rows.numel():
+        out[rows] = _slogdet_hessian_vector(theta[rows], mu[rows], G[rows], lengths[rows], single_root)
+    return out
+
+
+def _exact_tangent(logW: Tensor, G: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    """``(dμ [b, N+1, N+1], ok [b])``: the derivative of the exact path's marginals (linear backend)
+    at column-shifted ``logW`` in direction ``G`` (forward-mode AD); ``ok`` its range check."""
+    import warnings
+
+    import torch.autograd.forward_ad as fwAD
+
+    with torch.no_grad(), fwAD.dual_level():
+        with warnings.catch_warnings():  # torch loads its jvp decompositions through torch.jit.script once
+            warnings.simplefilter("ignore", DeprecationWarning)
+            dual = fwAD.make_dual(logW, G)
+        _, mu, ok = _exact(dual, real, single_root, mt.LIN)
+        tangent = fwAD.unpack_dual(mu).tangent
+    if tangent is None:  # μ does not depend on θ (a single tree)
+        tangent = torch.zeros_like(logW)
+    return tangent, ok & torch.isfinite(tangent).flatten(1).all(1)
+
+
+def _slogdet_hessian_vector(theta: Tensor, mu: Tensor, G: Tensor, lengths: Tensor, single_root: bool) -> Tensor:
+    """``H G``: ``G ⊙ μ`` with the exact μ, plus the rest of the derivative of ``⟨G, μ⟩`` by torch's
+    ``slogdet`` (float64). Differentiable when grad mode is on."""
     higher = torch.is_grad_enabled()
     N = theta.shape[-1] - 1
     valid, real = _masks(N, lengths, theta.device)
@@ -461,34 +514,34 @@ class _Marginals(torch.autograd.Function):
     """μ(θ) with a precomputed exact value; backward = the Hessian-vector product."""
 
     @staticmethod
-    def forward(ctx, theta, mu64, lengths, single_root):
+    def forward(ctx, theta, mu64, lengths, single_root, certified):
         out = mu64.to(theta.dtype) if mu64.dtype != theta.dtype else mu64.clone()
         ctx.save_for_backward(theta, out)
-        ctx.lengths, ctx.single_root = lengths, single_root
+        ctx.lengths, ctx.single_root, ctx.certified = lengths, single_root, certified
         return out
 
     @staticmethod
     def backward(ctx, G):
         theta, mu = ctx.saved_tensors
-        return _hessian_vector(theta, mu, G, ctx.lengths, ctx.single_root), None, None, None
+        return _hessian_vector(theta, mu, G, ctx.lengths, ctx.single_root, ctx.certified), None, None, None, None
 
 
 class _LogPartition(torch.autograd.Function):
     """log Z(θ) with a precomputed exact value; gradient = the exact marginals (differentiable)."""
 
     @staticmethod
-    def forward(ctx, theta, logZ64, mu64, lengths, single_root):
+    def forward(ctx, theta, logZ64, mu64, lengths, single_root, certified):
         ctx.save_for_backward(theta)
-        ctx.mu, ctx.lengths, ctx.single_root = mu64, lengths, single_root
+        ctx.mu, ctx.lengths, ctx.single_root, ctx.certified = mu64, lengths, single_root, certified
         return logZ64.to(theta.dtype)
 
     @staticmethod
     def backward(ctx, g):
         (theta,) = ctx.saved_tensors
-        mu = _Marginals.apply(theta, ctx.mu, ctx.lengths, ctx.single_root)
+        mu = _Marginals.apply(theta, ctx.mu, ctx.lengths, ctx.single_root, ctx.certified)
         if not torch.is_grad_enabled() and bool((g == 1).all()):
-            return mu, None, None, None, None  # the marginals themselves (no copy)
-        return g[:, None, None] * mu, None, None, None, None
+            return mu, None, None, None, None, None  # the marginals themselves (no copy)
+        return g[:, None, None] * mu, None, None, None, None, None
 
 
 # ======================================================================================= sampling
@@ -740,14 +793,17 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
 
     # ------------------------------------------------------------------ the algorithms
 
-    def _exact_result(self, theta: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor]:
-        """``(log Z, μ)`` in float64, memoised for this distribution's own potentials."""
+    def _exact_result(self, theta: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``(log Z, μ, certified)`` in float64, memoised for this distribution's own potentials;
+        ``certified [B]``: the fast path answered (it decides how the marginals are differentiated)."""
         key = None
         if theta.data_ptr() == self._theta.data_ptr() and theta.shape == self._theta.shape and theta.stride() == self._theta.stride():
             key = (theta._version, None if lengths is None else tuple(lengths.tolist()))
             if key in self._cache:
                 return self._cache[key]
-        res = log_partition_and_marginals(theta, lengths, self.single_root)
+        info: dict = {}
+        logZ, mu = log_partition_and_marginals(theta, lengths, self.single_root, info=info)
+        res = logZ, mu, torch.tensor([m == "fast" for m in info["method"]], dtype=torch.bool, device=theta.device)
         if key is not None:
             self._cache = {key: res}
         return res
@@ -787,8 +843,8 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             vals = self._score_trees(theta, heads.clamp_min(0), lengths)
             return vals.masked_fill((heads < 0).any(-1), -math.inf)
         if isinstance(semiring, LogSemiring):
-            logZ, mu = self._exact_result(theta, raw_lengths)
-            return _LogPartition.apply(theta, logZ, mu, lengths, self.single_root)
+            logZ, mu, certified = self._exact_result(theta, raw_lengths)
+            return _LogPartition.apply(theta, logZ, mu, lengths, self.single_root, certified)
         if isinstance(semiring, CountSemiring):
             return self._count(theta, lengths)
         if isinstance(semiring, RealSemiring):
@@ -821,9 +877,9 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
     def _marginals_exact(self) -> Tensor:
         """The exact marginals, differentiable (through :class:`_Marginals`) when θ requires grad;
         no autograd round trip through log Z otherwise."""
-        _, mu = self._exact_result(self._theta, self._lengths)
+        _, mu, certified = self._exact_result(self._theta, self._lengths)
         if self._theta.requires_grad:
-            return _Marginals.apply(self._theta, mu, self.lengths, self.single_root)
+            return _Marginals.apply(self._theta, mu, self.lengths, self.single_root, certified)
         return mu.to(self._theta.dtype) if mu.dtype != self._theta.dtype else mu.clone()
 
     def _expected(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:

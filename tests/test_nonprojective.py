@@ -322,6 +322,23 @@ def test_marginals_backward_and_expected_score(single_root):
     assert_close(d.expected_score(v), (d.marginals * v).flatten(1).sum(1))
 
 
+@ROOTS
+@pytest.mark.parametrize("scale", [1.0, 40.0, 100.0])
+def test_marginals_backward_is_exact_at_large_scales(single_root, scale):
+    """The backward of the marginals (H G) against central differences of the exact marginals:
+    at std 40 and 100 the LU pivots cancel (a plain slogdet derivative was off by O(1) to 1e16)."""
+    g = gen(23)
+    theta = torch.randn(3, 21, 21, generator=g, dtype=torch.float64) * scale
+    G = torch.randn(3, 21, 21, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([20, 13, 7])
+    x = theta.clone().requires_grad_()
+    (hg,) = torch.autograd.grad((NP(x, lengths, single_root=single_root).marginals * G).sum(), x)
+    eps = 1e-6
+    up = NP(theta + eps * G, lengths, single_root=single_root).marginals
+    down = NP(theta - eps * G, lengths, single_root=single_root).marginals
+    assert_close(hg, (up - down) / (2 * eps), atol=1e-6, rtol=0)
+
+
 # ============================================================================== sampling
 
 
