@@ -22,6 +22,7 @@ def draw_trees(words: Sequence[str], trees: Mapping[str, Sequence[int]], path: s
     names = list(trees)
     reference = {(h, m) for m, h in enumerate(trees[names[0]], 1)}
     n = len(words)
+    tilt = n > 12 or max(map(len, words), default=0) > 7  # long words would overlap their neighbours
     fig, axes = plt.subplots(len(names), 1, figsize=(max(6.0, 0.65 * (n + 1)), 1.9 * len(names)), squeeze=False)
     for ax, name in zip(axes[:, 0], names):
         top = 1.0
@@ -34,9 +35,10 @@ def draw_trees(words: Sequence[str], trees: Mapping[str, Sequence[int]], path: s
             ax.plot([m], [0.05], marker="v", color=color, markersize=4)
             top = max(top, width / 2)
         for i, w in enumerate(["ROOT", *words]):
-            ax.text(i, -0.15, w, ha="center", va="top", rotation=60 if n > 12 else 0, fontsize=8)
+            ax.text(i, -0.15, w, ha="right" if tilt else "center", va="top", rotation=40 if tilt else 0,
+                    rotation_mode="anchor", fontsize=8)
         ax.set_xlim(-0.7, n + 0.7)
-        ax.set_ylim(-1.6 if n > 12 else -0.6, top + 0.3)
+        ax.set_ylim(-1.6 if tilt else -0.6, top + 0.3)
         ax.set_title(name, fontsize=9, loc="left")
         ax.axis("off")
     if title:
