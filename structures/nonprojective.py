@@ -135,19 +135,23 @@ def _lu_bounds(LU: Tensor, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     absolute sum at most 1 (every Schur complement stays column diagonally dominant); so
     ``φ_j = 2 Σ_k |U_kj| = 2 (2 U_jj - Σ_{k<=j} U_kj)``. ``X`` is the inverse of an M-matrix:
     its largest entry in row m is ``X_mm`` (``X_mh / X_mm`` is the probability that h reaches m)."""
-    n = LU.shape[-1]
-    pos = torch.arange(n, device=LU.device)
-    upper = (pos[:, None] <= pos[None, :]).to(LU.dtype)
     d = LU.diagonal(dim1=-2, dim2=-1)
-    phi = 2.0 * (2.0 * d - (LU * upper).sum(1))
+    phi = (2.0 * d - LU.triu().sum(1)).mul_(2.0)
     rowmax = X.diagonal(dim1=-2, dim2=-1) * (1.0 + 1e-6)
     tau = (phi[:, None, :] @ X)[:, 0]
     return phi, rowmax, tau
 
 
+def _negated_columns(A: Tensor) -> Tensor:
+    """``-A`` (``[B, n, n]``) stored column-major, the layout LAPACK factors and solves in place
+    (a row-major matrix costs a transposing copy in ``lu_factor_ex`` and another in ``lu_solve``)."""
+    out = A.new_empty(A.shape[0], A.shape[2], A.shape[1])
+    return torch.neg(A.mT, out=out).mT
+
+
 def _lu_inverse(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(LU, X, logdet, ok)`` with LAPACK (``M`` is overwritten by its factors); ok where no row
-    was exchanged and every pivot is > 0."""
+    """``(LU, X, logdet, ok)`` with LAPACK (``M``, column-major, is overwritten by its factors;
+    ``X`` is column-major); ok where no row was exchanged and every pivot is > 0."""
     B, n, _ = M.shape
     piv = torch.empty(B, n, dtype=torch.int32, device=M.device)
     info = torch.empty(B, dtype=torch.int32, device=M.device)
@@ -182,7 +186,7 @@ def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, T
     mu[:, :, 0] = 0.0
     words = mu[:, 1:, 1:]
     if not single_root:
-        M = Ww.neg()
+        M = _negated_columns(Ww)
         M.diagonal(dim1=-2, dim2=-1).copy_(W[:, :, 1:].sum(1) + pad)
         LU, X, logdet, ok = _lu_inverse(M)
         dX = X.diagonal(dim1=-2, dim2=-1)
@@ -201,7 +205,7 @@ def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, T
         rows = torch.arange(B, device=W.device)
         at0 = torch.nn.functional.one_hot(c0, n).bool()  # [B, n]
         keep = (~at0).double()
-        K = Ww.neg()
+        K = _negated_columns(Ww)
         K.diagonal(dim1=-2, dim2=-1).copy_(Ww.sum(1) + pad)
         K[rows, c0, :] = 0.0
         K[rows, :, c0] = 0.0
@@ -366,41 +370,33 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     N = N1 - 1
     dev = x.device
     full = lengths is None or bool((lengths == N).all())
-    if full:
-        # every example full: the arcs that do not exist are the diagonal and column 0. The column
-        # maxima are taken on the input as is (exact in any dtype) and redone without the diagonal
-        # only where the diagonal is a maximum; the shifted weights are computed in float64 in one
-        # pass (type promotion), and the diagonal and column 0 are zeroed afterwards.
-        real = torch.ones(B, N, dtype=torch.bool, device=dev)
-        c = x[:, :, 1:].amax(1)
-        on_diag = x[:, 1:, 1:].diagonal(dim1=-2, dim2=-1) >= c
-        if bool(on_diag.any()):
-            bs, ms = on_diag.nonzero(as_tuple=True)
-            cols = x[bs, :, ms + 1].clone()  # [K, N+1]: the columns whose max may be the diagonal
-            cols[torch.arange(bs.numel(), device=dev), ms + 1] = -math.inf
-            c = c.index_put((bs, ms), cols.amax(1))
-        c = c.to(torch.float64)
-        valid = None
-    else:
-        valid, real = _masks(N, lengths, dev)
-        c = x[:, :, 1:].masked_fill(~valid[:, :, 1:], -math.inf).amax(1).to(torch.float64)
-    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))  # padding words and words without heads
-    c1 = torch.cat([c.new_zeros(B, 1), c], 1)[:, None, :]
-    csum = c.sum(1)
+    valid, real = (None, torch.ones(B, N, dtype=torch.bool, device=dev)) if full else _masks(N, lengths, dev)
 
-    def shifted(rows: Tensor | None = None) -> Tensor:
-        """θ - c in float64, -inf on the arcs that do not exist."""
-        xr, cr = (x, c1) if rows is None else (x[rows], c1[rows])
-        out = torch.sub(xr, cr)  # float64 by type promotion (cr is float64)
+    def masked(rows: Tensor | None = None) -> Tensor:
+        """θ in float64 (a copy), -inf on the arcs that do not exist (every example full: the
+        diagonal and column 0)."""
+        out = (x if rows is None else x[rows]).to(torch.float64, copy=True)
         if valid is None:
             out.diagonal(dim1=-2, dim2=-1).fill_(-math.inf)
-            out[:, :, 0] = -math.inf
+            out.select(2, 0).fill_(-math.inf)
         else:
             out.masked_fill_(~(valid if rows is None else valid[rows]), -math.inf)
         return out
 
+    logW = masked()
+    c = logW[:, :, 1:].amax(1)
+    c.masked_fill_(~torch.isfinite(c), 0.0)  # padding words and words without heads
+    csum = c.sum(1)
+    logW[:, :, 1:].sub_(c[:, None, :])
+
+    def shifted(rows: Tensor) -> Tensor:
+        """θ - c in float64 for some examples, -inf on the arcs that do not exist."""
+        out = masked(rows)
+        out[:, :, 1:].sub_(c[rows][:, None, :])
+        return out
+
     if fast:
-        z, m, ok = _fast(shifted().exp_(), real, single_root)
+        z, m, ok = _fast(logW.exp_(), real, single_root)
         if bool(ok.all()):
             if info is not None:
                 info["method"] = ["fast"] * B
@@ -415,7 +411,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
         rows = torch.arange(B, device=dev)
         method = [""] * B
     sub: dict = {}
-    z, m = _solve(shifted(rows), real[rows], single_root, False, sub)
+    z, m = _solve(shifted(rows) if fast else logW, real[rows], single_root, False, sub)
     logZ[rows], mu[rows] = z, m
     for i, name in zip(rows.tolist(), sub["method"]):
         method[i] = name
