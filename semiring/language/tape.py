@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..semirings import LogSemiring, _finite_or_zero
+from ..semirings import LogSemiring
 from .schedule import Read, Schedule, Step
 from .syntax import GOAL
 
@@ -116,9 +116,13 @@ def forward(job, elements: list[Tensor]) -> tuple[Tensor, tuple]:
     sch, tp, lead = job.sch, plan(job.sch), job.lead
     sources = {name: x.reshape(*x.shape[: lead + 1], -1).contiguous() for name, x in zip(job.names, elements)}
     like = elements[0] if elements else torch.zeros(0)
+    log = type(job.semiring) is LogSemiring
     for lev, level in enumerate(sch.levels):
         lp = tp.levels[lev]
-        results = [job.step(st, _reader(st, accesses, sources), like) for st, accesses in zip(level.steps, lp.reads)]
+        results = []
+        for st, accesses in zip(level.steps, lp.reads):
+            value = _log_step(st, accesses, sources) if log and lp.manual else None
+            results.append(job.step(st, _reader(st, accesses, sources), like) if value is None else value)
         for st, value in zip(level.steps, results):
             if st.chart not in sources:
                 sources[st.chart] = value.new_empty(*value.shape[:-1], sch.boxes[st.chart])
@@ -160,6 +164,22 @@ def _reader(st: Step, accesses: list[Access | None], sources: dict[str, Tensor])
     return lambda rd: where[id(rd)].read(sources[rd.source])
 
 
+def _log_step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
+    """One Log step ``logsumexp_K(Σ reads)`` -> ``[B, L]`` (or broadcastable to it) in place on
+    one temporary; None where the generic step must run (no read, or every read broadcast over K)."""
+    vals = [acc.read(sources[rd.source]) for rd, acc in zip(st.reads, accesses) if acc is not None]
+    if not vals or all(v.shape[-1] != st.K for v in vals):
+        return None
+    s = vals[0] + vals[1] if len(vals) > 1 else vals[0].clone()
+    for v in vals[2:]:
+        s = s + v
+    if st.K == 1:
+        return s.squeeze(-1)
+    info = torch.finfo(s.dtype)
+    m = s.amax(-1, keepdim=True).clamp_(info.min, info.max)  # a row of -inf (or +inf) stays so
+    return s.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))
+
+
 def _log_vjp(st: Step, accesses: list[Access | None], where: Access, sources, grads) -> None:
     """One Log step ``out = logsumexp_K(⊗ reads)``: each read gets ``exp(Σ reads - out) * g``."""
     used = [(rd, acc) for rd, acc in zip(st.reads, accesses) if acc is not None]
@@ -173,8 +193,9 @@ def _log_vjp(st: Step, accesses: list[Access | None], where: Access, sources, gr
         w = vals[0] + vals[1] if len(vals) == 2 else vals[0].clone()
         for v in vals[2:]:
             w += v
-        w -= _finite_or_zero(where.read(sources[st.chart])).unsqueeze(-1)
-        w.exp_().mul_(g.unsqueeze(-1))
+        info = torch.finfo(w.dtype)
+        out = where.read(sources[st.chart]).clamp(info.min, info.max)  # -inf: every term is -inf, w = 0
+        w.sub_(out.unsqueeze(-1)).exp_().mul_(g.unsqueeze(-1))
     for rd, acc in used:
         acc.add(grads[rd.source], w)
 
