@@ -109,6 +109,8 @@ def test_quick_command_writes_scores_trees_and_pictures(tmp_path, treebank, loss
     name = f"{treebank}_{loss}"
     for suffix in (".md", ".csv", "_trees.png", "_marginals.png", f"_{rows[0]['decoder']}.conllu"):
         assert (tmp_path / f"{name}{suffix}").stat().st_size > 0
+    saved = torch.load(tmp_path / f"{name}.pt", weights_only=False)  # loads outside the command's __main__
+    parse.BiaffineParser(parse.Vocab(**saved["vocab"])).load_state_dict(saved["state"])
     predicted = read_conllu(tmp_path / f"{name}_{rows[-1]['decoder']}.conllu")  # a tree decoder
     gold = read_conllu(DATA / "ud" / TREEBANKS[treebank][1], max_sentences=30)
     assert [s.words for s in predicted] == [s.words for s in gold]

@@ -27,7 +27,7 @@ import csv
 import random
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -390,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         w = csv.DictWriter(f, fieldnames=list(curve[0]))
         w.writeheader()
         w.writerows(curve)
-    torch.save({"state": model.state_dict(), "vocab": vocab, "args": vars(args)}, args.out / f"{name}.pt")
+    # plain containers only: a pickled Vocab would name __main__.Vocab and load nowhere else; Vocab(**ck["vocab"]) restores it
+    torch.save({"state": model.state_dict(), "vocab": asdict(vocab), "args": vars(args)}, args.out / f"{name}.pt")
 
     evaluated = [(args.treebank, test)]
     if args.pud:
