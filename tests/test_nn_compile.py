@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from structures.nn import (GatedSyntacticContext, HopAttention, MemoryHopAttention, SegmentationAttention,
+from structures.nn import (AttentionOutput, GatedSyntacticContext, HopAttention, MemoryHopAttention, SegmentationAttention,
                            SigmoidAttention, SoftmaxAttention, StructuredSelfAttention, SubtreeAttention,
                            SyntacticAttention, TreeLSTM)
 
@@ -118,6 +118,28 @@ SLOW_CASES = {"structured-self-dot-hard"}  # the spanning-tree decode: many grap
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_CASES else n for n in CASES])
 def test_compiled_layer_equals_eager(name):
     check_compiled_like_eager(CASES[name], "aot_eager")
+
+
+class Around(torch.nn.Module):
+    """A model compiled around a structured layer that stays eager (``torch.compiler.disable``):
+    a linear map of the layer's first input before it, a tanh of its context after it."""
+
+    def __init__(self, layer: torch.nn.Module, dim: int):
+        super().__init__()
+        self.before = torch.nn.Linear(dim, dim)
+        self.layer = layer
+        self.layer.forward = torch.compiler.disable(layer.forward)
+
+    def forward(self, first: Tensor, *rest) -> AttentionOutput:
+        out = self.layer(self.before(first), *rest)
+        return AttentionOutput(torch.tanh(out.context), out.attention)
+
+
+@pytest.mark.parametrize("name", list(STRUCTURED))
+def test_compiled_model_with_an_eager_structured_layer_trains_like_eager(name):
+    case = STRUCTURED[name]
+    dim = case.args(case.dtype)[0].shape[-1]
+    check_compiled_like_eager(Case(lambda: Around(case.make(), dim), case.args, case.dtype), "aot_eager")
 
 
 @pytest.mark.slow
