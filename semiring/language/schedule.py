@@ -87,6 +87,7 @@ class Schedule:
     offsets: dict[tuple[str, int], tuple[int, int]]  # (chart, level) -> (start, size) of its block among the chart's levels
     runs: dict[int, Run] = field(default_factory=dict)  # first level -> a run of chain levels
     boxes: dict[str, int] = field(default_factory=dict)  # chart -> size of its dense index box
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)  # chart -> shape of its dense index box
     items: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)  # (chart, level) -> its items' box positions, in block order
     goal_positions: np.ndarray | None = None  # box positions of the goal at each of ``lengths``
     tape: object = None  # the level tape's accesses (``tape.plan``), built on first use
@@ -239,6 +240,7 @@ def schedule(gr: Grounding, rule_charts: list[str]) -> Schedule:
         levels[lev].charts[chart] = Assembly([w[0] for w in ws], torch.from_numpy(index), None if mask.all() else torch.from_numpy(mask))
     sch = Schedule(levels, chunks, top, gr.lengths, offsets)
     sch.boxes = {name: sp.size for name, sp in gr.charts.items()}
+    sch.shapes = {name: sp.shape for name, sp in gr.charts.items()}
     for s, e in zip(starts, np.r_[starts[1:], total]):
         cid, lev = int(chart_id[order[s]]), int(level[order[s]])
         if lev >= 0:

@@ -28,16 +28,18 @@ from .syntax import GOAL
 @dataclass
 class Access:
     """Positions ``[*shape]`` in a flat source ``[*, S]``: a strided view where they are affine with
-    non-negative strides, an index otherwise."""
+    non-negative strides, an index otherwise. ``source``: the buffer's key (a chart in one of its
+    layouts, or an input)."""
 
     shape: tuple[int, ...]
     offset: int
     strides: tuple[int, ...] | None  # None: not affine, use ``index``
     index: Tensor  # flat positions
     injective: bool  # the view (after summing its stride-0 dimensions) touches each position once
+    source: str = ""
 
     @staticmethod
-    def of(positions: np.ndarray) -> "Access":
+    def of(positions: np.ndarray, source: str = "") -> "Access":
         p = np.asarray(positions, dtype=np.int64)
         index = torch.from_numpy(p.reshape(-1).copy())
         offset = int(p.flat[0]) if p.size else 0
@@ -48,7 +50,7 @@ class Access:
         affine = p.size > 0 and min(strides) >= 0 and np.array_equal(p, np.broadcast_to(grid, p.shape))
         kept = p[tuple(slice(None) if s or n == 1 else slice(0, 1) for s, n in zip(strides, p.shape))] if affine else p
         injective = np.unique(kept).size == kept.size
-        return Access(p.shape, offset, strides if affine else None, index, injective)
+        return Access(p.shape, offset, strides if affine else None, index, injective, source)
 
     def _view(self, src: Tensor, shape: tuple[int, ...], strides: tuple[int, ...]) -> Tensor:
         return src.as_strided((*src.shape[:-1], *shape), (*src.stride()[:-1], *strides), src.storage_offset() + self.offset)
@@ -85,24 +87,85 @@ class Access:
 @dataclass
 class LevelPlan:
     reads: list[list[Access | None]]  # per step, per read (None: the semiring one)
-    heads: list[Access] | None  # per step where every item of the level is written by one step, else None
-    items: dict[str, Access]  # chart -> where the level's items (block order) go
+    heads: list[list[Access]] | None  # per step, per layout of its chart, where every item of the level is written by one step; else None
+    items: dict[str, list[Access]]  # chart -> per layout, where the level's items (block order) go
     manual: bool  # every step a plain ⊕ of ⊗ (no mask, no outer term) and direct writes: VJP by hand
 
 
 class TapePlan:
-    """The accesses of every read and write of a schedule, computed once per schedule."""
+    """The accesses of every read and write of a schedule, computed once per schedule.
+
+    A chart is kept in one or two layouts of its index box (its dimensions permuted): each read over
+    K instances uses the layout where its K instances are adjacent, so that it is a unit-stride
+    view (``C[s, u]`` for every u: the layout with the second index innermost; ``C[u, t]``: the
+    first), which torch's vectorized kernels need; every level's items are written to each layout."""
 
     def __init__(self, sch: Schedule):
+        self.layouts = _layouts(sch)  # chart -> permutations of its box dimensions, outermost first
+        self.keys = {chart: [_key(chart, k) for k in range(len(perms))] for chart, perms in self.layouts.items()}
         self.levels: list[LevelPlan] = []
         for lev, level in enumerate(sch.levels):
-            reads = [[None if rd.kind == "one" else Access.of(rd.positions) for rd in st.reads] for st in level.steps]
+            reads = [[self._read(sch, rd) for rd in st.reads] for st in level.steps]
             direct = all(asm.mask is None and (asm.index is None or asm.index.shape[1] == 1) for asm in level.charts.values())
-            heads = [Access.of(st.heads) for st in level.steps] if direct else None
-            items = {chart: Access.of(sch.items[(chart, lev)]) for chart in level.charts}
+            heads = [self._everywhere(sch, st.chart, st.heads) for st in level.steps] if direct else None
+            items = {chart: self._everywhere(sch, chart, sch.items[(chart, lev)]) for chart in level.charts}
             manual = direct and all(st.mask is None and st.outer == 0 for st in level.steps)
             self.levels.append(LevelPlan(reads, heads, items, manual))
-        self.goal = Access.of(sch.goal_positions)
+        self.goal = Access.of(_permute(sch.goal_positions, sch.shapes[GOAL], self.layouts[GOAL][0]), self.keys[GOAL][0])
+
+    def _read(self, sch: Schedule, rd: Read) -> Access | None:
+        if rd.kind == "one":
+            return None
+        if rd.kind == "input":
+            return Access.of(rd.positions, rd.source)
+        perms = self.layouts[rd.source]
+        k = _inner_dim(rd.positions, sch.shapes[rd.source])
+        which = next((i for i, perm in enumerate(perms) if perm[-1] == k), 0)
+        return Access.of(_permute(rd.positions, sch.shapes[rd.source], perms[which]), self.keys[rd.source][which])
+
+    def _everywhere(self, sch: Schedule, chart: str, positions: np.ndarray) -> list[Access]:
+        return [Access.of(_permute(positions, sch.shapes[chart], perm), key)
+                for perm, key in zip(self.layouts[chart], self.keys[chart])]
+
+
+def _key(chart: str, k: int) -> str:
+    return chart if k == 0 else f"{chart}@{k}"
+
+
+def _inner_dim(positions: np.ndarray, shape: tuple[int, ...]) -> int | None:
+    """The box dimension that alone advances by 1 from a read's first instance to its second
+    (None: K = 1, or no single such dimension)."""
+    if positions.ndim < 2 or positions.shape[-1] < 2 or not shape:
+        return None
+    coords = np.unravel_index(positions.reshape(-1, positions.shape[-1])[0, :2], shape)
+    moved = [d for d, c in enumerate(coords) if c[0] != c[1]]
+    return moved[0] if len(moved) == 1 and coords[moved[0]][1] - coords[moved[0]][0] == 1 else None
+
+
+def _layouts(sch: Schedule) -> dict[str, list[tuple[int, ...]]]:
+    """Per chart, one or two permutations of its box dimensions (outermost first): one with the
+    dimension most K-instances advance along innermost, and one for the next such dimension, if any."""
+    weight: dict[str, dict[int, int]] = {chart: {} for chart in sch.shapes}
+    for level in sch.levels:
+        for st in level.steps:
+            for rd in st.reads:
+                if rd.kind == "chart" and rd.positions is not None:
+                    k = _inner_dim(rd.positions, sch.shapes[rd.source])
+                    if k is not None:
+                        weight[rd.source][k] = weight[rd.source].get(k, 0) + rd.positions.size
+    out = {}
+    for chart, shape in sch.shapes.items():
+        dims = sorted(weight[chart], key=lambda d: -weight[chart][d])[:2]
+        out[chart] = [tuple(d for d in range(len(shape)) if d != k) + (k,) for k in dims] or [tuple(range(len(shape)))]
+    return out
+
+
+def _permute(positions: np.ndarray, shape: tuple[int, ...], perm: tuple[int, ...]) -> np.ndarray:
+    """Row-major box positions -> the positions of the same items with the dimensions in ``perm`` order."""
+    if perm == tuple(range(len(shape))):
+        return positions
+    coords = np.unravel_index(np.asarray(positions, dtype=np.int64), shape)
+    return np.ravel_multi_index([coords[d] for d in perm], [shape[d] for d in perm]).astype(np.int64)
 
 
 def plan(sch: Schedule) -> TapePlan:
@@ -125,14 +188,17 @@ def forward(job, elements: list[Tensor]) -> tuple[Tensor, tuple]:
             results.append(job.step(st, _reader(st, accesses, sources), like) if value is None else value)
         for st, value in zip(level.steps, results):
             if st.chart not in sources:
-                sources[st.chart] = value.new_empty(*value.shape[:-1], sch.boxes[st.chart])
+                for key in tp.keys[st.chart]:
+                    sources[key] = value.new_empty(*value.shape[:-1], sch.boxes[st.chart])
         if lp.heads is not None:
-            for st, value, where in zip(level.steps, results, lp.heads):
-                where.write(sources[st.chart], value)
+            for value, wheres in zip(results, lp.heads):
+                for where in wheres:
+                    where.write(sources[where.source], value)
         else:
             for chart, value in job.assemble(level, results).items():
-                lp.items[chart].write(sources[chart], value)
-    goal = job.select_goal(tp.goal.read(sources[GOAL]))
+                for where in lp.items[chart]:
+                    where.write(sources[where.source], value)
+    goal = job.select_goal(tp.goal.read(sources[tp.goal.source]))
     return goal, (sources, [e.shape for e in elements])
 
 
@@ -141,19 +207,19 @@ def backward(job, state: tuple, grad: Tensor) -> list[Tensor]:
     sch, tp = job.sch, plan(job.sch)
     sources, shapes = state
     grads = {name: torch.zeros_like(x) for name, x in sources.items()}
-    goal = tp.goal.read(grads[GOAL])
+    goal = tp.goal.read(grads[tp.goal.source])
     g_goal = torch.zeros_like(goal)
     if job.lengths is None:
         g_goal[..., -1] = grad
     else:
         g_goal.scatter_(-1, job.goal_index(g_goal), grad.unsqueeze(-1))
-    tp.goal.add(grads[GOAL], g_goal)
+    tp.goal.add(grads[tp.goal.source], g_goal)
     manual = type(job.semiring) is LogSemiring
     for lev in range(len(sch.levels) - 1, -1, -1):
         level, lp = sch.levels[lev], tp.levels[lev]
         if manual and lp.manual:
-            for st, accesses, where in zip(level.steps, lp.reads, lp.heads):
-                _log_vjp(st, accesses, where, sources, grads)
+            for st, accesses, wheres in zip(level.steps, lp.reads, lp.heads):
+                _log_vjp(st, accesses, wheres, sources, grads)
         else:
             _autograd_vjp(job, level, lp, sources, grads)
     return [grads[name].reshape(shape) for name, shape in zip(job.names, shapes)]
@@ -161,13 +227,21 @@ def backward(job, state: tuple, grad: Tensor) -> list[Tensor]:
 
 def _reader(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]):
     where = {id(rd): acc for rd, acc in zip(st.reads, accesses)}
-    return lambda rd: where[id(rd)].read(sources[rd.source])
+    return lambda rd: where[id(rd)].read(sources[where[id(rd)].source])
+
+
+def _gradient(wheres: list[Access], grads: dict[str, Tensor]) -> Tensor:
+    """The gradient of a level's items: the sum over the layouts their readers added into."""
+    g = wheres[0].read(grads[wheres[0].source])
+    for where in wheres[1:]:
+        g = g + where.read(grads[where.source])
+    return g
 
 
 def _log_step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
     """One Log step ``logsumexp_K(Σ reads)`` -> ``[B, L]`` (or broadcastable to it) in place on
     one temporary; None where the generic step must run (no read, or every read broadcast over K)."""
-    vals = [acc.read(sources[rd.source]) for rd, acc in zip(st.reads, accesses) if acc is not None]
+    vals = [acc.read(sources[acc.source]) for acc in accesses if acc is not None]
     if not vals or all(v.shape[-1] != st.K for v in vals):
         return None
     s = vals[0] + vals[1] if len(vals) > 1 else vals[0].clone()
@@ -180,36 +254,37 @@ def _log_step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor
     return s.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))
 
 
-def _log_vjp(st: Step, accesses: list[Access | None], where: Access, sources, grads) -> None:
+def _log_vjp(st: Step, accesses: list[Access | None], wheres: list[Access], sources, grads) -> None:
     """One Log step ``out = logsumexp_K(⊗ reads)``: each read gets ``exp(Σ reads - out) * g``."""
-    used = [(rd, acc) for rd, acc in zip(st.reads, accesses) if acc is not None]
+    used = [acc for acc in accesses if acc is not None]
     if not used:
         return
-    g = where.read(grads[st.chart])
+    g = _gradient(wheres, grads)
     if st.K == 1:  # out is the sum itself: the gradient passes unchanged
         w = g.unsqueeze(-1)
     else:
-        vals = [acc.read(sources[rd.source]) for rd, acc in used]
+        vals = [acc.read(sources[acc.source]) for acc in used]
         w = vals[0] + vals[1] if len(vals) == 2 else vals[0].clone()
         for v in vals[2:]:
             w += v
         info = torch.finfo(w.dtype)
-        out = where.read(sources[st.chart]).clamp(info.min, info.max)  # -inf: every term is -inf, w = 0
+        out = wheres[0].read(sources[wheres[0].source]).clamp(info.min, info.max)  # -inf: every term is -inf, w = 0
         w.sub_(out.unsqueeze(-1)).exp_().mul_(g.unsqueeze(-1))
-    for rd, acc in used:
-        acc.add(grads[rd.source], w)
+    for acc in used:
+        acc.add(grads[acc.source], w)
 
 
 def _autograd_vjp(job, level, lp: LevelPlan, sources, grads) -> None:
     """Recompute one level under a local autograd graph and add its gradients to the buffers."""
-    leaves: list[tuple[Read, Access, Tensor]] = []
+    leaves: list[tuple[Access, Tensor]] = []
 
     def reader(st: Step, accesses: list[Access | None]):
         where = {id(rd): acc for rd, acc in zip(st.reads, accesses)}
 
         def read(rd: Read) -> Tensor:
-            t = where[id(rd)].read(sources[rd.source]).detach().requires_grad_()
-            leaves.append((rd, where[id(rd)], t))
+            acc = where[id(rd)]
+            t = acc.read(sources[acc.source]).detach().requires_grad_()
+            leaves.append((acc, t))
             return t
         return read
 
@@ -217,13 +292,13 @@ def _autograd_vjp(job, level, lp: LevelPlan, sources, grads) -> None:
     with torch.enable_grad():
         results = [job.step(st, reader(st, acc), like) for st, acc in zip(level.steps, lp.reads)]
         if lp.heads is not None:
-            outs = [(v, where.read(grads[st.chart])) for st, v, where in zip(level.steps, results, lp.heads)]
+            outs = [(v, _gradient(wheres, grads)) for v, wheres in zip(results, lp.heads)]
         else:
-            outs = [(v, lp.items[c].read(grads[c])) for c, v in job.assemble(level, results).items()]
+            outs = [(v, _gradient(lp.items[c], grads)) for c, v in job.assemble(level, results).items()]
     outs = [(v, g) for v, g in outs if v.requires_grad]
     if not outs or not leaves:
         return
-    found = torch.autograd.grad([v for v, _ in outs], [t for _, _, t in leaves], [g for _, g in outs], allow_unused=True)
-    for (rd, acc, _), g in zip(leaves, found):
+    found = torch.autograd.grad([v for v, _ in outs], [t for _, t in leaves], [g for _, g in outs], allow_unused=True)
+    for (acc, _), g in zip(leaves, found):
         if g is not None:
-            acc.add(grads[rd.source], g)
+            acc.add(grads[acc.source], g)
