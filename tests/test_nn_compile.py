@@ -77,6 +77,15 @@ STRUCTURED = {
 DOUBLE_BACKWARD = "AOTAutograd cannot differentiate the marginals (a gradient) once more: RuntimeError"
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the experiments' entry points use (the machine is shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def outputs(out) -> list[Tensor]:
     """The tensors a layer returns: (context, attention) of an AttentionOutput, all of TreeStates."""
     return [out.context, out.attention] if hasattr(out, "context") else list(out)

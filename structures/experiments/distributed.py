@@ -83,14 +83,14 @@ def _model_and_optimizer(config: Config):
 
 def train_single(config: Config) -> Run:
     """The reference: the same steps in one process on the whole batches."""
-    torch.set_num_threads(1)
     model, optimizer = _model_and_optimizer(config)
     losses = [T.train_step(model, batch, optimizer) for batch in training_batches(config)]
     return Run(losses, {k: v.detach().clone() for k, v in model.named_parameters()})
 
 
 def _worker(rank: int, config: Config, out: str) -> None:
-    """One process of :func:`train_data_parallel`: joins the group, trains, saves its :class:`Run`."""
+    """One process of :func:`train_data_parallel`: joins the group, trains, saves its :class:`Run`.
+    One torch thread per process: the processes themselves are the parallelism."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=config.world_size)
     try:
@@ -147,7 +147,9 @@ def main(argv: Sequence[str] | None = None) -> tuple[list[Run], Run]:
     p.add_argument("--seed", type=int, default=Config.seed)
     p.add_argument("--world-size", type=int, default=Config.world_size)
     p.add_argument("--float32", action="store_true", help="train in float32 (default float64)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the one-process run (default 1)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
     config = Config(args.steps, args.batch_size, args.dim, args.lr, args.seed, args.world_size,
                     torch.float32 if args.float32 else torch.float64)
     ranks = train_data_parallel(config)
