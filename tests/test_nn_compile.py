@@ -91,24 +91,21 @@ def outputs(out) -> list[Tensor]:
     return [out.context, out.attention] if hasattr(out, "context") else list(out)
 
 
-def check_compiled_like_eager(case: Case, backend: str, grad: bool = True) -> None:
-    """Forward outputs and (with ``grad``) the gradients of a random projection of them with respect
-    to every float input and every parameter: compiled equals eager (float64: to 1e-9 relative)."""
+def check_compiled_like_eager(case: Case, backend: str) -> None:
+    """Forward outputs and the gradients of a random projection of them with respect to every float
+    input and every parameter: compiled equals eager (float64: to 1e-9 relative)."""
     torch.manual_seed(0)
     dtype = case.dtype
     layer = case.make().to(dtype)
-    args = [a.clone().requires_grad_(grad) if isinstance(a, Tensor) and a.is_floating_point() else a
+    args = [a.clone().requires_grad_() if isinstance(a, Tensor) and a.is_floating_point() else a
             for a in case.args(dtype)]
     leaves = [a for a in args if isinstance(a, Tensor) and a.requires_grad] + list(layer.parameters())
     torch._dynamo.reset()
     compiled = torch.compile(layer, backend=backend, dynamic=False)
-    with torch.set_grad_enabled(grad):
-        expected, got = outputs(layer(*args)), outputs(compiled(*args))
+    expected, got = outputs(layer(*args)), outputs(compiled(*args))
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-10)
     for e, g in zip(expected, got, strict=True):
         assert g.shape == e.shape and torch.allclose(g, e, **tol)
-    if not grad:
-        return
     weights = [torch.randn_like(e) for e in expected]
     def loss(values):
         return sum((w * v).sum() for w, v in zip(weights, values))
