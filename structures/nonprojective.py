@@ -44,6 +44,7 @@ and for third derivatives off the fast path, ``slogdet`` is used (accurate at mo
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -127,6 +128,12 @@ def _pow2(n: int) -> int:
 # ======================================================================================= fast path
 
 
+@functools.lru_cache(maxsize=8)
+def _lower(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[n, n]``: 1 on and below the diagonal, 0 above."""
+    return torch.ones(n, n, dtype=dtype, device=device).tril_()
+
+
 def _lu_bounds(LU: Tensor, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``φ >=`` the column sums of ``|L||U|``, the row maxima of ``X`` and ``τ' = φ^T X``.
 
@@ -136,7 +143,7 @@ def _lu_bounds(LU: Tensor, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     ``φ_j = 2 Σ_k |U_kj| = 2 (2 U_jj - Σ_{k<=j} U_kj)``. ``X`` is the inverse of an M-matrix:
     its largest entry in row m is ``X_mm`` (``X_mh / X_mm`` is the probability that h reaches m)."""
     d = LU.diagonal(dim1=-2, dim2=-1)
-    phi = (2.0 * d - LU.triu().sum(1)).mul_(2.0)
+    phi = (2.0 * d - (LU.mT * _lower(LU.shape[-1], LU.dtype, LU.device)).sum(-1)).mul_(2.0)  # LU.mT: row-major
     rowmax = X.diagonal(dim1=-2, dim2=-1) * (1.0 + 1e-6)
     tau = (phi[:, None, :] @ X)[:, 0]
     return phi, rowmax, tau
@@ -221,8 +228,9 @@ def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, T
         qc = q[:, None]
         vq = v / qc
         torch.mul(r, vq, out=mu[:, 0, 1:])
-        torch.sub(dX[:, None, :], X.mT, out=words)
-        words.addcmul_(vq[:, None, :], u[:, :, None] - u[:, None, :])
+        # X_mm - X_mh + vq_m (u_h - u_m), as (X_mm - vq_m u_m) - X_mh + u_h vq_m: no [n, n] temporary
+        torch.sub((dX - vq * u)[:, None, :], X.mT, out=words)
+        words.addcmul_(u[:, :, None], vq[:, None, :])
         words.mul_(Ww)
         words[rows, :, c0] = Ww[rows, :, c0] * u / qc
         words.clamp_min_(0.0)
@@ -235,8 +243,9 @@ def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, T
         umax = u.amax(1, keepdim=True)
         dumax = du.amax(1, keepdim=True)
         taumax = tau.amax(1, keepdim=True)
-        # (the sums u, v, q also carry their own rounding: relative n u, inside γ)
-        err_w = (rowmax * (gam * (tau + taumax) + 4 * _U)
+        # (the sums u, v, q also carry their own rounding: relative n u, inside γ; the formula's
+        # five roundings, each below u (2 rowmax + 2 vq umax), are within 8 u rowmax + 2 γ vq umax)
+        err_w = (rowmax * (gam * (tau + taumax) + 8 * _U)
                  + (dv * (umax + u) + v * (dumax + du)) / qc
                  + v * (umax + u) * (dq / qc + 2 * gam) / qc)
         err_c0 = (dumax + umax * (dq / qc + 2 * gam)) / qc
