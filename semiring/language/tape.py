@@ -1,10 +1,12 @@
 """The level tape: a program run as one autograd node with chart-sized memory.
 
-Every chart lives in one flat buffer ``[*, B, box]`` indexed by its dense index box (``C[s, t, d]``
-at ``(s * T + t) * D + d``), so a term read over many levels — ``C[s, u, R] for u in s..t-1`` — is
-usually a strided view of that buffer, not a gather. The forward pass keeps nothing but the
-buffers; the backward pass walks the levels in reverse, re-reads what each level read (views:
-free) and adds its gradients into zero-initialized gradient buffers of the same layout in place.
+Every chart lives in flat buffers ``[*, B, box]`` indexed by its dense index box, one per layout
+(an order of the box's dimensions, :class:`TapePlan`): ``C[s, t, d]`` at ``(s * D + d) * T + t``
+for the reads ``C[s, u, R] for u in s..t-1`` and at ``(t * D + d) * S + s`` for ``C[u, t, L]``,
+so a term read over many levels is a unit-stride view of one buffer, not a gather. The forward
+pass keeps nothing but the buffers; the backward pass walks the levels in reverse, re-reads what
+each level read (views: free) and adds its gradients into zero-initialized gradient buffers of
+the same layouts in place (a level's gradient is the sum over its chart's layouts).
 In the Log semiring a level's vector-Jacobian product is written out (the softmax weights
 ``exp(a + b - out)`` of each ⊕, from the values the forward stored); other semirings, and levels
 whose steps are not plain ⊕-of-⊗, recompute the level under a local autograd graph. Memory is the
