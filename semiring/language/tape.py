@@ -7,8 +7,9 @@ so a term read over many levels is a unit-stride view of one buffer, not a gathe
 pass keeps nothing but the buffers; the backward pass walks the levels in reverse, re-reads what
 each level read (views: free) and adds its gradients into zero-initialized gradient buffers of
 the same layouts in place (a level's gradient is the sum over its chart's layouts).
-In the Log semiring a level's vector-Jacobian product is written out (the softmax weights
-``exp(a + b - out)`` of each ⊕, from the values the forward stored); other semirings, and levels
+In the Log and Max semirings a level's vector-Jacobian product is written out (Log: the softmax
+weights ``exp(a + b - out)`` of each ⊕, from the values the forward stored; Max: the gradient
+routed to the first maximum of each slice it reaches); other semirings, and levels
 whose steps are not plain ⊕-of-⊗, recompute the level under a local autograd graph. Memory is the
 buffers plus one level's temporaries: O(n²·B) for span programs, where saving every level's reads
 would be O(n³·B).
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..semirings import LogSemiring
+from ..semirings import LogSemiring, MaxSemiring
 from .schedule import Read, Schedule, Step
 from .syntax import GOAL
 
@@ -181,12 +182,12 @@ def forward(job, elements: list[Tensor]) -> tuple[Tensor, tuple]:
     sch, tp, lead = job.sch, plan(job.sch), job.lead
     sources = {name: x.reshape(*x.shape[: lead + 1], -1).contiguous() for name, x in zip(job.names, elements)}
     like = elements[0] if elements else torch.zeros(0)
-    log = type(job.semiring) is LogSemiring
+    manual = _MANUAL.get(type(job.semiring))
     for lev, level in enumerate(sch.levels):
         lp = tp.levels[lev]
         results = []
         for st, accesses in zip(level.steps, lp.reads):
-            value = _log_step(st, accesses, sources) if log and lp.manual else None
+            value = manual[0](st, accesses, sources) if manual and lp.manual else None
             results.append(job.step(st, _reader(st, accesses, sources), like) if value is None else value)
         for st, value in zip(level.steps, results):
             if st.chart not in sources:
@@ -216,12 +217,12 @@ def backward(job, state: tuple, grad: Tensor) -> list[Tensor]:
     else:
         g_goal.scatter_(-1, job.goal_index(g_goal), grad.unsqueeze(-1))
     tp.goal.add(grads[tp.goal.source], g_goal)
-    manual = type(job.semiring) is LogSemiring
+    manual = _MANUAL.get(type(job.semiring))
     for lev in range(len(sch.levels) - 1, -1, -1):
         level, lp = sch.levels[lev], tp.levels[lev]
         if manual and lp.manual:
             for st, accesses, wheres in zip(level.steps, lp.reads, lp.heads):
-                _log_vjp(st, accesses, wheres, sources, grads)
+                manual[1](st, accesses, wheres, sources, grads)
         else:
             _autograd_vjp(job, level, lp, sources, grads)
     return [grads[name].reshape(shape) for name, shape in zip(job.names, shapes)]
@@ -240,17 +241,24 @@ def _gradient(wheres: list[Access], grads: dict[str, Tensor]) -> Tensor:
     return g
 
 
-def _log_step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
-    """One Log step ``logsumexp_K(Σ reads)`` -> ``[B, L]`` (or broadcastable to it) in place on
-    one temporary; None where the generic step must run (no read, or every read broadcast over K)."""
+def _terms(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
+    """``Σ reads`` ``[*, B, L, K]`` (or broadcastable to it) of one plain step, on a fresh tensor;
+    None where the generic step must run (no read, or every read broadcast over K)."""
     vals = [acc.read(sources[acc.source]) for acc in accesses if acc is not None]
     if not vals or all(v.shape[-1] != st.K for v in vals):
         return None
     s = vals[0] + vals[1] if len(vals) > 1 else vals[0].clone()
     for v in vals[2:]:
         s = s + v
-    if st.K == 1:
-        return s.squeeze(-1)
+    return s
+
+
+def _log_step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
+    """One Log step ``logsumexp_K(Σ reads)`` -> ``[B, L]`` (or broadcastable to it) in place on
+    one temporary; None where the generic step must run."""
+    s = _terms(st, accesses, sources)
+    if s is None or st.K == 1:
+        return None if s is None else s.squeeze(-1)
     info = torch.finfo(s.dtype)
     m = s.amax(-1, keepdim=True).clamp_(info.min, info.max)  # a row of -inf (or +inf) stays so
     return s.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))
@@ -265,15 +273,46 @@ def _log_vjp(st: Step, accesses: list[Access | None], wheres: list[Access], sour
     if st.K == 1:  # out is the sum itself: the gradient passes unchanged
         w = g.unsqueeze(-1)
     else:
-        vals = [acc.read(sources[acc.source]) for acc in used]
-        w = vals[0] + vals[1] if len(vals) == 2 else vals[0].clone()
-        for v in vals[2:]:
-            w += v
+        w = _terms(st, accesses, sources)
         info = torch.finfo(w.dtype)
         out = wheres[0].read(sources[wheres[0].source]).clamp(info.min, info.max)  # -inf: every term is -inf, w = 0
         w.sub_(out.unsqueeze(-1)).exp_().mul_(g.unsqueeze(-1))
     for acc in used:
         acc.add(grads[acc.source], w)
+
+
+def _max_step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
+    """One Max step ``max_K(Σ reads)`` (values only); None where the generic step must run."""
+    s = _terms(st, accesses, sources)
+    if s is None or st.K == 1:
+        return None if s is None else s.squeeze(-1)
+    return s.amax(-1)
+
+
+def _max_vjp(st: Step, accesses: list[Access | None], wheres: list[Access], sources, grads) -> None:
+    """One Max step ``out = max_K(⊗ reads)``: each read gets ``g`` at the first maximum of its slice
+    (as :class:`~semiring.semirings.MaxSemiring`), only where ``g`` is nonzero."""
+    used = [acc for acc in accesses if acc is not None]
+    if not used:
+        return
+    g = _gradient(wheres, grads)
+    if st.K == 1:
+        w = g.unsqueeze(-1)
+    else:
+        s = _terms(st, accesses, sources)
+        shape = torch.broadcast_shapes(s.shape[:-1], g.shape)
+        s, g = s.expand(*shape, s.shape[-1]), g.expand(shape)
+        w = torch.zeros_like(s)
+        hit = (g != 0).nonzero(as_tuple=True)
+        if hit[0].numel() == 0:
+            return
+        best = s[hit].argmax(-1)
+        w[(*hit, best)] = g[hit]
+    for acc in used:
+        acc.add(grads[acc.source], w)
+
+
+_MANUAL = {LogSemiring: (_log_step, _log_vjp), MaxSemiring: (_max_step, _max_vjp)}
 
 
 def _autograd_vjp(job, level, lp: LevelPlan, sources, grads) -> None:
