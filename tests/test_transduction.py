@@ -110,5 +110,19 @@ def test_quick_run_writes_the_table_and_figures(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     rows = list(csv.reader(open(tmp_path / "results.csv")))
     assert rows[0][:4] == ["depth", "none", "simple", "structured"]
-    assert [r[0] for r in rows[1:]] == ["2", "3", "4", "wall_seconds"]
-    assert all(0 <= float(x) <= 100 for r in rows[1:-1] for x in r[1:4])
+    assert [r[0] for r in rows[1:]] == ["2", "3", "4", "wall_seconds", "cpu_seconds"]
+    assert all(0 <= float(x) <= 100 for r in rows[1:-2] for x in r[1:4])
+
+
+def test_depth_three_formulas_are_as_long_as_the_papers_example_on_average():
+    rng = random.Random(0)
+    mean = sum(len(prefix(formula(rng, 3))) for _ in range(2000)) / 2000
+    assert 20 <= mean <= 23  # the paper's depth-3 example has 21 tokens
+
+
+def test_learning_rate_halves_from_decay_after():
+    data = T.make_data(4, 1, 1, train_depths=[2], test_depths=[2], seed=0)
+    config = T.parse_args(["--quick", "--epochs", "3", "--decay-after", "2", "--lr", "0.01"])
+    _, outcome = T.fit("none", data, config)
+    assert [h["lr"] for h in outcome["history"]] == [0.01, 0.01, 0.005]
+    assert set(outcome["test"]) == {2}

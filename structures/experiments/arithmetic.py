@@ -4,8 +4,9 @@ A formula of nesting depth ``d`` is ``( op a1 .. ak )`` with ``op`` in ``{+, *}`
 arguments (the paper: at most 4 expressions per parenthesis), numbers ``0..20``; one argument (at a
 random place) is a formula of depth ``d-1`` and each other one is a number with probability
 ``leaf`` or else a formula of a depth drawn uniformly from ``1..d-1``. The paper does not give its
-sampling distribution; ``leaf = 0.7`` gives depth-3 prefix formulas of 24 tokens on average (the
-paper's depth-3 example has 21). The infix form drops the outermost parentheses:
+sampling distribution; ``leaf = 0.8`` gives depth-3 prefix formulas of 21 tokens on average, the
+length of the paper's depth-3 example (mean lengths at depths 2-6: 13, 21, 32, 43, 57). The infix
+form drops the outermost parentheses:
 
     ( * ( + ( + 15 7 ) 1 8 ) ( + 19 0 11 ) )  =>  ( ( 15 + 7 ) + 1 + 8 ) * ( 19 + 0 + 11 )
 """
@@ -30,7 +31,7 @@ class Pair(NamedTuple):
     depth: int
 
 
-def formula(rng: random.Random, depth: int, leaf: float = 0.7, max_args: int = 4) -> Formula:
+def formula(rng: random.Random, depth: int, leaf: float = 0.8, max_args: int = 4) -> Formula:
     """A random formula of nesting depth exactly ``depth`` (>= 1)."""
     count = rng.randint(2, max_args)
     deep = rng.randrange(count)  # the argument that carries the depth
@@ -62,7 +63,7 @@ def infix(f: Formula, outer: bool = True) -> list[str]:
     return body if outer else ["("] + body + [")"]
 
 
-def sample_pairs(rng: random.Random, depth: int, count: int, exclude: set, leaf: float = 0.7) -> list[Pair]:
+def sample_pairs(rng: random.Random, depth: int, count: int, exclude: set, leaf: float = 0.8) -> list[Pair]:
     """``count`` distinct pairs of the given depth whose prefix form is not in ``exclude`` (updated)."""
     out = []
     while len(out) < count:
