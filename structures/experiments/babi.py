@@ -399,9 +399,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="one task, 200 questions, 3 epochs (seconds)")
     parser.add_argument("--plot-task", type=int, default=16, help="the task whose binary CRF story is drawn (default 16, as Fig. 5)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "babi")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     limit = None
     if args.quick:
         args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
