@@ -33,6 +33,11 @@ import semiring as sr
 from semiring import Program
 
 
+# The dynamic programs run eagerly inside a compiled model (a graph break): their marginals are a
+# gradient taken inside the forward, and AOTAutograd supports no double backward through it.
+_eager = torch.compiler.disable
+
+
 def check_shape(name: str, x: Tensor, spec: str) -> None:
     """Raise ``ValueError`` unless ``x`` is a floating tensor of shape ``spec`` (e.g. ``"B, N-1, C, C"``):
     the right rank, and equal sizes wherever ``spec`` repeats a symbol."""
@@ -136,6 +141,7 @@ class StructuredDistribution:
         inputs = self._inputs(self._theta) if theta is None else self._inputs(theta, detach=True)
         return self._run(semiring, inputs, lengths)
 
+    @_eager
     def _run(self, semiring: sr.Semiring, inputs: dict[str, Tensor], lengths: Tensor | None = None) -> Tensor:
         """Run the program on every input given (program order): ``[*components, batch]``."""
         lengths = self._lengths if lengths is None else lengths
@@ -146,6 +152,7 @@ class StructuredDistribution:
     def _out(self, t: Tensor) -> Tensor:
         return t.to(self.dtype) if t.dtype.is_floating_point and t.dtype != torch.float64 else t
 
+    @_eager
     def _grad(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None):
         """(value, ∂ value / ∂θ) of the program in ``semiring``, θ detached."""
         with torch.enable_grad():  # these queries are gradients, also under torch.no_grad()
@@ -308,6 +315,7 @@ class StructuredDistribution:
         empty = out[0] == 0
         return torch.where(empty, 0.0, out[1] / out[0].masked_fill(empty, 1.0))
 
+    @_eager
     def _marginals_exact(self) -> Tensor:
         if self._theta.requires_grad and torch.is_grad_enabled():  # differentiable marginals
             return self._derivative(self.run(sr.Log), self._theta, create_graph=True)

@@ -54,7 +54,7 @@ import semiring as sr
 from semiring.semirings import CountSemiring, KMax, LogSemiring, MaxSemiring, RealSemiring, SampledSemiring
 
 from . import _matrix_tree as mt
-from .distribution import StructuredDistribution, _inner
+from .distribution import StructuredDistribution, _eager, _inner
 from .trees import DependencyTrees, arcs
 
 _TOL = 1e-9  # certified absolute error of the fast path (log Z and every marginal)
@@ -813,6 +813,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             self._cache = {key: res}
         return res
 
+    @_eager
     def run(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
         """The structure in ``semiring``: ``[*components, B]``.
 
@@ -879,6 +880,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
                     out[b] = float(exact)
         return out
 
+    @_eager
     def _marginals_exact(self) -> Tensor:
         """The exact marginals, differentiable (through :class:`_Marginals`) when θ requires grad;
         no autograd round trip through log Z otherwise."""
