@@ -1,4 +1,4 @@
-# Sourced by scripts/tour.sh and scripts/test.sh (not run on its own).
+# Sourced by scripts/run.sh, scripts/tour.sh and scripts/test.sh (not run on its own).
 # `setup [EXTRAS]` makes $ROOT/.venv if it is missing and installs into it, only when needed:
 #   torch==2.13.0 (pinned here; pyproject.toml states the range users may have), then this
 #   package in editable mode (`pip install -e .` or `pip install -e '.[EXTRAS]'`).
