@@ -15,7 +15,9 @@ Decoders: ``eisner`` (``ProjectiveDependencyCRF(...).decode()``), ``mst``
 (``NonProjectiveDependencyCRF(...).decode()``: the maximum spanning arborescence) and, for the
 local model, ``argmax`` (every word its best head; not necessarily a tree). Only dev and test
 files exist for the treebanks here: the parser trains on the dev file and is evaluated on the
-test file.
+test file (and, with ``--pud``, also on a 1000-sentence PUD file of another domain). Evaluation
+times the shared scoring, each decoder's decode and labelling, and the one-off first use of each
+padded length apart (see :func:`evaluate`).
 
     python -m structures.experiments.parse --treebank lassysmall --loss nonprojective --epochs 20
 """
