@@ -370,9 +370,10 @@ def plot_hops(model: BabiModel, task: Task, path: Path, index: int | None = None
     example = task.test_text[index]
     n = len(example.memory)
     marginals = out.attention[index, :, :n].T.numpy()  # [facts, hops]
-    fig, ax = plt.subplots(figsize=(5.5, 0.32 * n + 1.4))
+    labels = [f"{i + 1}. {' '.join(s)}" for i, s in enumerate(example.memory)]
+    fig, ax = plt.subplots(figsize=(1.2 * model.hops + 1, 0.32 * n + 1.4))
     ax.imshow(marginals, cmap="Blues", vmin=0, vmax=1, aspect="auto")
-    ax.set_yticks(range(n), [f"{i + 1}. {' '.join(s)}" for i, s in enumerate(example.memory)], fontsize=7)
+    ax.set_yticks(range(n), labels, fontsize=7)
     ax.set_xticks(range(model.hops), [f"hop {k + 1}" for k in range(model.hops)], fontsize=7)
     for k, f in enumerate(example.support[: model.hops]):
         if f >= 0:
@@ -381,8 +382,7 @@ def plot_hops(model: BabiModel, task: Task, path: Path, index: int | None = None
         ax.text(k, f, f"{marginals[f, k]:.2f}", ha="center", va="center", fontsize=6, color="orange")
     ax.set_title(f"task {task.number}, {LABELS[model.kind]}: {' '.join(example.question)}? {example.answer}\n"
                  "(red boxes: supporting facts; numbers: p(z_k = i) of the decoded chain)", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # the canvas grows to the fact texts and the title
     plt.close(fig)
     return index
 
