@@ -257,6 +257,7 @@ class Evaluation:
 
 
 @torch.no_grad()
+@torch.no_grad()
 def evaluate(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Vocab, decoders: Sequence[str],
              tokens_per_batch: int = 5000) -> tuple[dict[str, Evaluation], float]:
     """Parse every sentence with each decoder; returns the evaluations and the seconds spent
