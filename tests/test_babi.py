@@ -18,15 +18,6 @@ def task2():
     return babi.load_task(2, DATA, limit=100)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Like the experiment's entry point: one thread (the tests are otherwise slow on a shared machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @needs_data
 def test_load_task_splits_off_a_tenth_for_validation():
     task = babi.load_task(2, DATA)

@@ -9,15 +9,6 @@ from structures.experiments import distributed as D
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available in this torch build")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread, as the experiments' entry points use (the machine is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_two_gloo_processes_train_as_one_process_on_the_whole_batches():
     config = D.Config(steps=3, batch_size=8, dim=8, seed=1)
     ranks = D.train_data_parallel(config)

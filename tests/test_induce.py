@@ -11,15 +11,6 @@ from structures.experiments.ud import Sentence, default_data_dir
 DATA = default_data_dir()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The machine is shared: one thread, as the experiment's entry point uses."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def toy(words, heads) -> Sentence:
     return Sentence(None, tuple(words), ("NOUN",) * len(words), tuple(heads), ("dep",) * len(words))
 

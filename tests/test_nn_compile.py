@@ -69,18 +69,6 @@ STRUCTURED = {
                         lambda dt: (_rand(2, 2, 4, 3, dtype=dt), _rand(2, 2, 4, 3, dtype=dt), _rand(2, 2, 3, dtype=dt),
                                     torch.tensor([4, 2]))),
 }
-# Training (the gradient goes through the marginals, which are themselves a gradient): AOTAutograd
-# does not differentiate twice. Under the aot_eager and inductor backends it raises in
-# torch/_functorch/_aot_autograd/runtime_wrappers.py (coerce_to_expected_memory_format: an
-# in-place copy into a leaf that requires grad, reached from autograd.grad(..., create_graph=True)
-# in structures/distribution.py:161 via _marginals_exact, line 313).
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread, as the experiments' entry points use (the machine is shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def outputs(out) -> list[Tensor]:

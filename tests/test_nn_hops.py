@@ -11,15 +11,6 @@ from structures.nn import AttentionOutput, HopAttention, MemoryHopAttention
 B, K, F, D = 3, 3, 5, 4
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is faster, and much faster on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def facts(batch=B, hops=K, n=F, dim=D, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     make = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731

@@ -14,15 +14,6 @@ DATA = default_data_dir()
 needs_data = pytest.mark.skipif(not (DATA / "ud").exists(), reason="shared UD data not available")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The machine is shared: one thread, as the experiment's entry point uses."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def toy(heads, words=None) -> Sentence:
     words = words or [f"w{i}" for i in range(len(heads))]
     return Sentence(None, tuple(words), ("NOUN",) * len(heads), tuple(heads), ("dep",) * len(heads))
