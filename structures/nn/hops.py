@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hops import HopChainCRF
-from .attention import check_lengths, position_mask
+from .attention import _shape, check_lengths, position_mask
 from .output import AttentionOutput
 
 
@@ -41,10 +41,6 @@ def _check_facts(inputs: Tensor, outputs: Tensor, lengths: Tensor | None) -> Ten
         raise ValueError(f"outputs: expected shape [B, K, F, D] = {list(inputs.shape)}, got {_shape(outputs)}")
     B, _, F, _ = inputs.shape
     return check_lengths(lengths, B, 1, F, inputs.device)
-
-
-def _shape(x) -> str:
-    return str(list(x.shape)) if isinstance(x, Tensor) else type(x).__name__
 
 
 def _masked_log_softmax(scores: Tensor, mask: Tensor) -> Tensor:
