@@ -132,7 +132,7 @@ class Transducer(nn.Module):
     (Kim et al. 2017, appendix A.2). ``forward(src [B, N], src_lengths [B], tgt_in [B, T])``
     returns next-symbol logits ``[B, T, V]``."""
 
-    def __init__(self, kind: str, dim: int = 50, bounded: bool = False):
+    def __init__(self, kind: str, dim: int = 50, bounded: bool = True):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
@@ -166,7 +166,7 @@ class Transducer(nn.Module):
         return self.out(torch.tanh(self.combine(torch.cat([m, queries], -1))))
 
 
-def build_model(kind: str, dim: int = 50, init: float = 0.1, bounded: bool = False, seed: int | None = None) -> Transducer:
+def build_model(kind: str, dim: int = 50, init: float = 0.1, bounded: bool = True, seed: int | None = None) -> Transducer:
     """A :class:`Transducer` of the given kind (``none``, ``simple``, ``structured``) with every
     parameter drawn from ``U[-init, init]`` (the paper's initialization)."""
     if seed is not None:
