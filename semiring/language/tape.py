@@ -253,66 +253,63 @@ def _terms(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) 
     return s
 
 
-def _log_step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
-    """One Log step ``logsumexp_K(Σ reads)`` -> ``[B, L]`` (or broadcastable to it) in place on
-    one temporary; None where the generic step must run."""
-    s = _terms(st, accesses, sources)
-    if s is None or st.K == 1:
-        return None if s is None else s.squeeze(-1)
-    info = torch.finfo(s.dtype)
-    m = s.amax(-1, keepdim=True).clamp_(info.min, info.max)  # a row of -inf (or +inf) stays so
-    return s.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))
+def _manual(reduce, weights):
+    """``(step, vjp)`` of a plain step ``out = ⊕_K(⊗ reads)`` written out for one semiring:
+    ``reduce(terms [*, B, L, K]) -> out [*, B, L]`` (may work in place on ``terms``) and
+    ``weights(terms, out, g) -> [*, B, L, K]`` (the gradient of each term, or None when it is all
+    zero). K = 1 needs neither: ``out`` is the term and the gradient passes unchanged."""
 
+    def step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
+        terms = _terms(st, accesses, sources)
+        if terms is None:  # the generic step must run
+            return None
+        return terms.squeeze(-1) if st.K == 1 else reduce(terms)
 
-def _log_vjp(st: Step, accesses: list[Access | None], wheres: list[Access], sources, grads) -> None:
-    """One Log step ``out = logsumexp_K(⊗ reads)``: each read gets ``exp(Σ reads - out) * g``."""
-    used = [acc for acc in accesses if acc is not None]
-    if not used:
-        return
-    g = _gradient(wheres, grads)
-    if st.K == 1:  # out is the sum itself: the gradient passes unchanged
-        w = g.unsqueeze(-1)
-    else:
-        w = _terms(st, accesses, sources)
-        info = torch.finfo(w.dtype)
-        out = wheres[0].read(sources[wheres[0].source]).clamp(info.min, info.max)  # -inf: every term is -inf, w = 0
-        w.sub_(out.unsqueeze(-1)).exp_().mul_(g.unsqueeze(-1))
-    for acc in used:
-        acc.add(grads[acc.source], w)
-
-
-def _max_step(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
-    """One Max step ``max_K(Σ reads)`` (values only); None where the generic step must run."""
-    s = _terms(st, accesses, sources)
-    if s is None or st.K == 1:
-        return None if s is None else s.squeeze(-1)
-    return s.amax(-1)
-
-
-def _max_vjp(st: Step, accesses: list[Access | None], wheres: list[Access], sources, grads) -> None:
-    """One Max step ``out = max_K(⊗ reads)``: each read gets ``g`` at the first maximum of its slice
-    (as :class:`~semiring.semirings.MaxSemiring`), only where ``g`` is nonzero."""
-    used = [acc for acc in accesses if acc is not None]
-    if not used:
-        return
-    g = _gradient(wheres, grads)
-    if st.K == 1:
-        w = g.unsqueeze(-1)
-    else:
-        s = _terms(st, accesses, sources)
-        shape = torch.broadcast_shapes(s.shape[:-1], g.shape)
-        s, g = s.expand(*shape, s.shape[-1]), g.expand(shape)
-        w = torch.zeros_like(s)
-        hit = (g != 0).nonzero(as_tuple=True)
-        if hit[0].numel() == 0:
+    def vjp(st: Step, accesses: list[Access | None], wheres: list[Access], sources, grads) -> None:
+        used = [acc for acc in accesses if acc is not None]
+        if not used:
             return
-        best = s[hit].argmax(-1)
-        w[(*hit, best)] = g[hit]
-    for acc in used:
-        acc.add(grads[acc.source], w)
+        g = _gradient(wheres, grads)
+        if st.K == 1:
+            w = g.unsqueeze(-1)
+        else:
+            w = weights(_terms(st, accesses, sources), wheres[0].read(sources[wheres[0].source]), g)
+            if w is None:
+                return
+        for acc in used:
+            acc.add(grads[acc.source], w)
+
+    return step, vjp
 
 
-_MANUAL = {LogSemiring: (_log_step, _log_vjp), MaxSemiring: (_max_step, _max_vjp)}
+def _logsumexp_(terms: Tensor) -> Tensor:
+    info = torch.finfo(terms.dtype)
+    m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)  # a row of -inf (or +inf) stays so
+    return terms.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))
+
+
+def _softmax_weights(terms: Tensor, out: Tensor, g: Tensor) -> Tensor:
+    """Log: ``exp(terms - out) * g``, in place on ``terms``."""
+    info = torch.finfo(terms.dtype)
+    out = out.clamp(info.min, info.max)  # -inf: every term is -inf, the weights are 0
+    return terms.sub_(out.unsqueeze(-1)).exp_().mul_(g.unsqueeze(-1))
+
+
+def _argmax_weights(terms: Tensor, out: Tensor, g: Tensor) -> Tensor | None:
+    """Max: ``g`` at the first maximum of each slice (as :class:`~semiring.semirings.MaxSemiring`),
+    computed only where ``g`` is nonzero."""
+    shape = torch.broadcast_shapes(terms.shape[:-1], g.shape)
+    terms, g = terms.expand(*shape, terms.shape[-1]), g.expand(shape)
+    hit = (g != 0).nonzero(as_tuple=True)
+    if hit[0].numel() == 0:
+        return None
+    w = torch.zeros_like(terms)
+    w[(*hit, terms[hit].argmax(-1))] = g[hit]
+    return w
+
+
+_MANUAL = {LogSemiring: _manual(_logsumexp_, _softmax_weights),
+           MaxSemiring: _manual(lambda terms: terms.amax(-1), _argmax_weights)}
 
 
 def _autograd_vjp(job, level, lp: LevelPlan, sources, grads) -> None:
