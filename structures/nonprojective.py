@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 import semiring as sr
@@ -475,10 +477,6 @@ def _hessian_vector(theta: Tensor, mu: Tensor, G: Tensor, lengths: Tensor, singl
 def _exact_tangent(logW: Tensor, G: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
     """``(dμ [b, N+1, N+1], ok [b])``: the derivative of the exact path's marginals (linear backend)
     at column-shifted ``logW`` in direction ``G`` (forward-mode AD); ``ok`` its range check."""
-    import warnings
-
-    import torch.autograd.forward_ad as fwAD
-
     with torch.no_grad(), fwAD.dual_level():
         with warnings.catch_warnings():  # torch loads its jvp decompositions through torch.jit.script once
             warnings.simplefilter("ignore", DeprecationWarning)
