@@ -67,7 +67,7 @@ class SubtreeAttention(nn.Module):
         real = position_mask(lengths, B, N, memory.device)
         example = torch.arange(B, device=memory.device).repeat_interleave(M)  # the example of each flat node
         gathered = memory.new_zeros(B * M, D)  # Σ_{k ∈ C(j)} r_k
-        done, rs, alphas = [], [], []
+        rs, alphas = [], []
         for idx in trees.levels:
             b = example[idx]
             g = self.children_proj(gathered[idx])  # [K, D]
@@ -77,10 +77,6 @@ class SubtreeAttention(nn.Module):
             up = trees.parent[idx]
             has = up >= 0
             gathered = gathered.index_add(0, up[has], r[has])
-            done.append(idx)
             rs.append(r)
             alphas.append(alpha)
-        order = torch.cat(done)
-        context = memory.new_zeros(B * M, D).index_copy(0, order, torch.cat(rs)).view(B, M, D)
-        attention = memory.new_zeros(B * M, N).index_copy(0, order, torch.cat(alphas)).view(B, M, N)
-        return AttentionOutput(context, attention, None)
+        return AttentionOutput(trees.by_word(rs), trees.by_word(alphas), None)

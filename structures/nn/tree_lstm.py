@@ -38,6 +38,13 @@ class TreeLevels(NamedTuple):
     parent: Tensor
     roots: Tensor
 
+    def by_word(self, rows: list[Tensor]) -> Tensor:
+        """``[B, N, *]`` from per-level rows (``rows[i]`` for the words of ``levels[i]``), 0 at padding."""
+        B, N = self.roots.shape
+        flat = torch.cat(rows)
+        out = flat.new_zeros(B * N, *flat.shape[1:]).index_copy(0, torch.cat(self.levels), flat)
+        return out.view(B, N, *flat.shape[1:])
+
 
 def tree_levels(heads: Tensor, lengths: Tensor | None = None, name: str = "heads") -> TreeLevels:
     """The bottom-up schedule of dependency trees ``heads [B, N]`` (0 = root; entries past each
@@ -107,7 +114,7 @@ class TreeLSTM(nn.Module):
         x = self.input(inputs).flatten(0, 1)  # [B*N, 4H]
         child_h = x.new_zeros(B * N, H)  # Σ_k h_k
         child_c = x.new_zeros(B * N, H)  # Σ_k f_jk ⊙ c_k
-        done, hs, cs = [], [], []
+        hs, cs = [], []
         for idx in trees.levels:
             i, o, u = (x[idx, : 3 * H] + self.children_gates(child_h[idx])).chunk(3, -1)
             c = torch.sigmoid(i) * torch.tanh(u) + child_c[idx]
@@ -119,10 +126,7 @@ class TreeLSTM(nn.Module):
                 forget = torch.sigmoid(x[to, 3 * H :] + self.child_forget(h[has]))
                 child_h = child_h.index_add(0, to, h[has])
                 child_c = child_c.index_add(0, to, forget * c[has])
-            done.append(idx)
             hs.append(h)
             cs.append(c)
-        order = torch.cat(done)
-        hidden = x.new_zeros(B * N, H).index_copy(0, order, torch.cat(hs)).view(B, N, H)
-        cell = x.new_zeros(B * N, H).index_copy(0, order, torch.cat(cs)).view(B, N, H)
-        return TreeStates(hidden, cell, tree_roots(hidden, trees))
+        hidden = trees.by_word(hs)
+        return TreeStates(hidden, trees.by_word(cs), tree_roots(hidden, trees))
