@@ -44,7 +44,6 @@ and for third derivatives off the fast path, ``slogdet`` is used (accurate at mo
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 
@@ -130,25 +129,25 @@ def _pow2(n: int) -> int:
 # ======================================================================================= fast path
 
 
-@functools.lru_cache(maxsize=8)
-def _lower(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``[n, n]``: 1 on and below the diagonal, 0 above."""
-    return torch.ones(n, n, dtype=dtype, device=device).tril_()
-
-
-def _lu_bounds(LU: Tensor, X: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``φ >=`` the column sums of ``|L||U|``, the row maxima of ``X`` and ``τ' = φ^T X``.
+def _lu_bounds(LU: Tensor, X: Tensor, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``φ >=`` the column sums of ``|L||U|``, the row maxima of ``X``, ``τ' = φ^T X`` and (with
+    ``extra [B, n]``) ``extra^T X`` from the same matrix product.
 
     Without row exchanges, the LU factors of a column diagonally dominant M-matrix have ``U > 0``
-    on the diagonal, ``U <= 0`` above it, and columns of ``L`` (below the unit diagonal) of
-    absolute sum at most 1 (every Schur complement stays column diagonally dominant); so
-    ``φ_j = 2 Σ_k |U_kj| = 2 (2 U_jj - Σ_{k<=j} U_kj)``. ``X`` is the inverse of an M-matrix:
-    its largest entry in row m is ``X_mm`` (``X_mh / X_mm`` is the probability that h reaches m)."""
+    on the diagonal, ``U <= 0`` above it, and columns of ``L`` with ``L <= 0`` below the unit
+    diagonal and of absolute sum at most 1 there (every Schur complement stays column diagonally
+    dominant); so the column sums of ``|L||U|`` are at most ``2 Σ_k |U_kj|``, and that is at most
+    ``φ_j = 2 Σ_k |LU_kj| = 2 (2 U_jj - Σ_k LU_kj)`` over the whole packed column (every entry off
+    the diagonal is <= 0): one contiguous column sum, no triangular mask. ``X`` is the inverse of
+    an M-matrix: its largest entry in row m is ``X_mm`` (``X_mh / X_mm`` is the probability that
+    h reaches m)."""
     d = LU.diagonal(dim1=-2, dim2=-1)
-    phi = (2.0 * d - (LU.mT * _lower(LU.shape[-1], LU.dtype, LU.device)).sum(-1)).mul_(2.0)  # LU.mT: row-major
+    phi = (4.0 * d).sub_(LU.sum(-2), alpha=2.0)
     rowmax = X.diagonal(dim1=-2, dim2=-1) * (1.0 + 1e-6)
-    tau = (phi[:, None, :] @ X)[:, 0]
-    return phi, rowmax, tau
+    if extra is None:
+        return phi, rowmax, (phi[:, None, :] @ X)[:, 0], None
+    tau, y = (torch.stack([phi, extra], 1) @ X).unbind(1)
+    return phi, rowmax, tau, y
 
 
 def _negated_columns(A: Tensor) -> Tensor:
@@ -158,24 +157,33 @@ def _negated_columns(A: Tensor) -> Tensor:
     return torch.neg(A.mT, out=out).mT
 
 
-def _lu_inverse(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``(LU, X, logdet, ok)`` with LAPACK (``M``, column-major, is overwritten by its factors;
-    ``X`` is column-major); ok where no row was exchanged and every pivot is > 0."""
+def _lu_inverse(M: Tensor, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """``(LU, X, logdet, ok, y)`` with LAPACK (``M``, column-major, is overwritten by its factors;
+    ``X`` is column-major); ok where no row was exchanged and every pivot is > 0. ``extra [B, n]``
+    (optional) is one more right-hand side, solved beside the identity: ``y = X extra`` (a
+    product with a column-major ``X`` would be a slow strided matrix-vector product)."""
     B, n, _ = M.shape
     piv = torch.empty(B, n, dtype=torch.int32, device=M.device)
     info = torch.empty(B, dtype=torch.int32, device=M.device)
     LU, piv, info = torch.linalg.lu_factor_ex(M, out=(M, piv, info))
     diag = LU.diagonal(dim1=-2, dim2=-1)
     ok = (info == 0) & (piv == torch.arange(1, n + 1, dtype=piv.dtype, device=piv.device)).all(1) & (diag > 0).all(1)
-    eye = torch.eye(n, dtype=M.dtype, device=M.device).expand_as(M)
-    X = torch.linalg.lu_solve(LU, piv, eye)
+    k = n if extra is None else n + 1
+    rhs = M.new_zeros(B, k, n)  # the column-major [B, n, k] right-hand sides, transposed
+    rhs.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+    if extra is not None:
+        rhs[:, n] = extra
+    sol = torch.linalg.lu_solve(LU, piv, rhs.mT)
     logdet = diag.clamp_min(1e-300).log().sum(1)
-    return LU, X, logdet, ok
+    return LU, sol[..., :n], logdet, ok, (None if extra is None else sol[..., n])
 
 
 def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, Tensor]:
     """Koo et al.'s formulas in float64 with LAPACK, and a certificate: ``(log Z(W), μ, ok [B])``,
-    ``ok`` where ``log Z`` and every marginal are certified within ``_TOL`` (absolute).
+    ``ok`` where ``log Z`` and every marginal are certified within ``_TOL`` (absolute). ``W`` is
+    overwritten by ``μ``: the marginals are written where the weights were (a fresh ``[B, n, n]``
+    buffer costs more in page faults than the arithmetic on it), so only the Laplacian and its
+    inverse are new; the inverse is overwritten too, by Koo's differences.
 
     Error analysis (first order; where the certificate passes the second-order terms are of the
     order of ``_TOL``^2): LU without row exchanges and the triangular solves give every column of
@@ -188,55 +196,40 @@ def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, T
     B, N1, _ = W.shape
     n = N1 - 1
     pad = ~real
-    Ww = W[:, 1:, 1:]
-    r = W[:, 0, 1:]
+    Ww = W[:, 1:, 1:]  # becomes the words' marginals
+    r = W[:, 0, 1:]  # becomes the root's marginals
     gam = 4.0 * n * _U
-    mu = W.new_empty(B, N1, N1)
-    mu[:, :, 0] = 0.0
-    words = mu[:, 1:, 1:]
     if not single_root:
         M = _negated_columns(Ww)
         M.diagonal(dim1=-2, dim2=-1).copy_(W[:, :, 1:].sum(1) + pad)
-        LU, X, logdet, ok = _lu_inverse(M)
-        dX = X.diagonal(dim1=-2, dim2=-1)
-        torch.mul(r, dX, out=mu[:, 0, 1:])
-        torch.sub(dX[:, None, :], X.mT, out=words)
-        words.mul_(Ww).clamp_min_(0.0)
-        phi, rowmax, tau = _lu_bounds(LU, X)
+        LU, X, logdet, ok, _ = _lu_inverse(M)
+        phi, rowmax, tau, _ = _lu_bounds(LU, X)
+        dX = X.diagonal(dim1=-2, dim2=-1).clone()
+        r.mul_(dX)
+        torch.sub(dX[:, None, :], X.mT, out=X.mT)  # [h, m]: X_mm - X_mh
+        Ww.mul_(X.mT).clamp_min_(0.0)
         err_z = gam * (rowmax * phi).sum(1) + 4 * n * _U * logdet.abs()
         err_mu = rowmax * (gam * (tau + tau.amax(1, keepdim=True)) + 4 * _U)
         logZ = logdet
     else:
         # the words rooted at c0 (its out-arcs are the margins), then every root by a rank-one
         # correction: T_c / T_c0 = v_c with K v = W[:, c0] (the kernel of the words' Laplacian)
-        pop = Ww.sum(2).masked_fill(pad, -1.0)
-        c0 = pop.argmax(1)
-        rows = torch.arange(B, device=W.device)
-        at0 = torch.nn.functional.one_hot(c0, n).bool()  # [B, n]
-        keep = (~at0).double()
+        c0 = Ww.sum(2).masked_fill_(pad, -1.0).argmax(1)[:, None]  # [B, 1]: the most popular head
+        row0 = c0[:, :, None].expand(B, 1, n)
+        col0 = c0[:, None, :].expand(B, n, 1)
         K = _negated_columns(Ww)
         K.diagonal(dim1=-2, dim2=-1).copy_(Ww.sum(1) + pad)
-        K[rows, c0, :] = 0.0
-        K[rows, :, c0] = 0.0
-        K[rows, c0, c0] = 1.0
-        LU, X, logdet, ok = _lu_inverse(K)
-        w_in = Ww[rows, :, c0] * keep  # arcs into c0
-        rr = r * keep
-        r0 = r[rows, c0]
-        v = (X @ w_in[:, :, None])[:, :, 0] * keep + at0.double()
-        u = (rr[:, None, :] @ X)[:, 0]  # r^T X (0 at c0)
+        K.scatter_(1, row0, 0.0).scatter_(2, col0, 0.0)  # c0's row and column: the identity's
+        K.diagonal(dim1=-2, dim2=-1).scatter_(1, c0, 1.0)
+        w_in = Ww.gather(2, col0)[:, :, 0]  # arcs into c0 (0 from c0 itself)
+        LU, X, logdet, ok, v = _lu_inverse(K, w_in)
+        v.scatter_(1, c0, 1.0)
+        rr = r.scatter(1, c0, 0.0)
+        r0 = r.gather(1, c0)[:, 0]
+        phi, rowmax, tau, u = _lu_bounds(LU, X, rr)  # u = r^T X (0 at c0)
         q = r0 + (u * w_in).sum(1)
-        dX = X.diagonal(dim1=-2, dim2=-1)
         qc = q[:, None]
         vq = v / qc
-        torch.mul(r, vq, out=mu[:, 0, 1:])
-        # X_mm - X_mh + vq_m (u_h - u_m), as (X_mm - vq_m u_m) - X_mh + u_h vq_m: no [n, n] temporary
-        torch.sub((dX - vq * u)[:, None, :], X.mT, out=words)
-        words.addcmul_(u[:, :, None], vq[:, None, :])
-        words.mul_(Ww)
-        words[rows, :, c0] = Ww[rows, :, c0] * u / qc
-        words.clamp_min_(0.0)
-        phi, rowmax, tau = _lu_bounds(LU, X)
         sig_w = (tau * w_in).sum(1, keepdim=True)
         rho_r = (rr * rowmax).sum(1, keepdim=True)
         dv = gam * rowmax * sig_w
@@ -252,13 +245,19 @@ def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, T
                  + v * (umax + u) * (dq / qc + 2 * gam) / qc)
         err_c0 = (dumax + umax * (dq / qc + 2 * gam)) / qc
         err_root = r * (dv + v * (dq / qc + 2 * gam)) / qc
-        err_mu = torch.maximum(torch.where(at0, err_c0.expand_as(err_w), err_w), err_root)
+        err_mu = torch.maximum(err_w.scatter_(1, c0, err_c0), err_root)
         err_z = gam * (rowmax * phi).sum(1) + dq[:, 0] / q + 4 * n * _U * (logdet.abs() + q.log().abs())
         logZ = logdet + q.log()
+        # X_mm - X_mh + vq_m (u_h - u_m), as (X_mm - vq_m u_m) - X_mh + u_h vq_m, in X's place
+        dX = X.diagonal(dim1=-2, dim2=-1)
+        torch.sub((dX - vq * u)[:, None, :], X.mT, out=X.mT)
+        X.mT.addcmul_(u[:, :, None], vq[:, None, :])
+        r.mul_(vq)
+        Ww.mul_(X.mT).scatter_(2, col0, (w_in * u / qc)[:, :, None]).clamp_min_(0.0)
     err_mu = err_mu.masked_fill(pad, 0.0).amax(1)
     # rowmax and tau are NaN or inf wherever X is, so the bounds also catch a failed inverse
     ok &= torch.isfinite(logZ) & (err_z <= _TOL) & (err_mu <= _TOL)
-    return logZ, mu, ok
+    return logZ, W, ok
 
 
 # ======================================================================================= exact path
