@@ -131,18 +131,16 @@ def _pow2(n: int) -> int:
 
 def _lu_bounds(LU: Tensor, X: Tensor, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``φ >=`` the column sums of ``|L||U|``, the row maxima of ``X``, ``τ' = φ^T X`` and (with
-    ``extra [B, n]``) ``extra^T X`` from the same matrix product.
+    ``extra [B, n]``) ``extra^T X`` from the same matrix product. ``LU`` is overwritten by ``U``
+    (its strict lower part zeroed in place: no temporary of its size).
 
     Without row exchanges, the LU factors of a column diagonally dominant M-matrix have ``U > 0``
-    on the diagonal, ``U <= 0`` above it, and columns of ``L`` with ``L <= 0`` below the unit
-    diagonal and of absolute sum at most 1 there (every Schur complement stays column diagonally
-    dominant); so the column sums of ``|L||U|`` are at most ``2 Σ_k |U_kj|``, and that is at most
-    ``φ_j = 2 Σ_k |LU_kj| = 2 (2 U_jj - Σ_k LU_kj)`` over the whole packed column (every entry off
-    the diagonal is <= 0): one contiguous column sum, no triangular mask. ``X`` is the inverse of
-    an M-matrix: its largest entry in row m is ``X_mm`` (``X_mh / X_mm`` is the probability that
-    h reaches m)."""
+    on the diagonal, ``U <= 0`` above it, and columns of ``L`` (below the unit diagonal) of
+    absolute sum at most 1 (every Schur complement stays column diagonally dominant); so
+    ``φ_j = 2 Σ_k |U_kj| = 2 (2 U_jj - Σ_{k<=j} U_kj)``. ``X`` is the inverse of an M-matrix:
+    its largest entry in row m is ``X_mm`` (``X_mh / X_mm`` is the probability that h reaches m)."""
     d = LU.diagonal(dim1=-2, dim2=-1)
-    phi = (4.0 * d).sub_(LU.sum(-2), alpha=2.0)
+    phi = (4.0 * d).sub_(LU.mT.tril_().sum(-1), alpha=2.0)  # LU.mT: row-major, row j = column j of U
     rowmax = X.diagonal(dim1=-2, dim2=-1) * (1.0 + 1e-6)
     if extra is None:
         return phi, rowmax, (phi[:, None, :] @ X)[:, 0], None
@@ -173,7 +171,7 @@ def _lu_inverse(M: Tensor, extra: Tensor | None = None) -> tuple[Tensor, Tensor,
     rhs.diagonal(dim1=-2, dim2=-1).fill_(1.0)
     if extra is not None:
         rhs[:, n] = extra
-    sol = torch.linalg.lu_solve(LU, piv, rhs.mT)
+    sol = torch.linalg.lu_solve(LU, piv, rhs.mT, out=rhs.mT)  # in place: no second buffer, no copy
     logdet = diag.clamp_min(1e-300).log().sum(1)
     return LU, sol[..., :n], logdet, ok, (None if extra is None else sol[..., n])
 
