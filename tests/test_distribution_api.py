@@ -147,6 +147,22 @@ def test_expected_score_and_marginals_backward(case):
 
 
 @per_case
+def test_autograd_through_the_marginals_is_the_covariance_times_v(case):
+    """A loss on the marginals, backpropagated by autograd (the path structured attention takes:
+    on the level tape, a Hessian-vector product in forward mode), gives Cov_p(z) v."""
+    p = problem(case)
+    theta = p.theta.clone().requires_grad_()
+    v = p.q_theta.nan_to_num(neginf=-2.0)
+    loss = (case.family.cls(theta, p.lengths).marginals * v).sum()
+    expected = torch.stack([e.covariance_times(vb) for e, vb in zip(p.enums, v)])
+    if not loss.requires_grad:  # a single structure per example: constant marginals
+        assert_close(expected, torch.zeros_like(expected))
+        return
+    (grad,) = torch.autograd.grad(loss, theta)
+    assert_close(grad, expected)
+
+
+@per_case
 def test_lengths_default_to_the_longest(case):
     p = problem(case)
     expected = p.lengths if p.lengths is not None else torch.full((2,), case.family.max_length(case.shape))

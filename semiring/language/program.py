@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-from ..semirings import Log, Semiring
+from ..semirings import Log, LogSemiring, Semiring
 from . import tape
 from .factor import factor
 from .grounding import ground
@@ -290,8 +292,9 @@ class _Job:
 
 
 class _Tape(torch.autograd.Function):
-    """A program run as one autograd node: a fast first-order backward over the level tape, and
-    for higher orders (``create_graph=True``) a plain differentiable re-run."""
+    """A program run as one autograd node: a fast first-order backward over the level tape. For
+    higher orders (``create_graph=True``) the gradient is itself a node, :class:`_TapeGradient`,
+    in the Log semiring; in the others a plain differentiable re-run."""
 
     @staticmethod
     def forward(ctx, job: _Job, *elements: Tensor) -> Tensor:
@@ -303,12 +306,79 @@ class _Tape(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         elements = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            wanted = [e for e in elements if e.requires_grad]
-            out = ctx.job.forward_plain(list(elements))
-            found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
-            return (None, *[next(found) if e.requires_grad else None for e in elements])
-        return (None, *tape.backward(ctx.job, ctx.state, grad))
+        if not torch.is_grad_enabled():
+            return (None, *tape.backward(ctx.job, ctx.state, grad))
+        if _TapeGradient.applies(ctx.job, grad, elements):
+            return (None, *_TapeGradient.apply(ctx.job, ctx.state, grad, *elements))
+        return (None, *_plain_gradient(ctx.job, grad, elements, create_graph=True))
+
+
+def _plain_gradient(job: _Job, grad: Tensor, elements: tuple[Tensor, ...], create_graph: bool) -> list[Tensor | None]:
+    """The gradient of ``⟨grad, goal⟩`` by a plain differentiable re-run (None where not needed)."""
+    wanted = [e for e in elements if e.requires_grad]
+    with torch.enable_grad():
+        out = job.forward_plain(list(elements))
+        found = iter(torch.autograd.grad(out, wanted, grad, create_graph=create_graph, allow_unused=True))
+    return [next(found) if e.requires_grad else None for e in elements]
+
+
+class _TapeGradient(torch.autograd.Function):
+    """The tape's gradient ``grad · ∂goal/∂elements`` (Log semiring) as a node of its own, so that
+    the backward of marginals (a loss on them: structured attention) runs on the tape too.
+
+    Its backward is a Hessian-vector product ``grad · H V``. The Hessian of the log-partition is
+    symmetric, so ``H V`` is the *forward*-mode derivative of the gradient in the direction ``V``:
+    the tape's forward and backward passes run once more on dual tensors (primal + tangent), which
+    costs about two first-order passes, where differentiating the backward pass in reverse mode
+    would need a recorded graph of every level (the plain re-run, 3-10x slower). Its own backward
+    (third order) is the plain re-run."""
+
+    @staticmethod
+    def applies(job: _Job, grad: Tensor, elements: tuple[Tensor, ...]) -> bool:
+        """Log semiring only (the tape's gradient is then the exact one; a sampling semiring's is
+        not a gradient), every level's backward written out, and ``⟨V, ∂goal_b/∂x⟩`` separable
+        per example where ``grad`` itself needs a gradient: no input shared by the batch (batch
+        of 1) then."""
+        if type(job.semiring) is not LogSemiring or not all(lp.manual for lp in tape.plan(job.sch).levels):
+            return False  # (a level recomputed under autograd would drop the tangents)
+        return not grad.requires_grad or all(e.shape[0] == job.batch for e in elements if e.requires_grad)
+
+    @staticmethod
+    def forward(ctx, job: _Job, state: tuple, grad: Tensor, *elements: Tensor):
+        ctx.job = job
+        ctx.save_for_backward(grad, *elements)
+        return tuple(tape.backward(job, state, grad))
+
+    @staticmethod
+    def backward(ctx, *V: Tensor):
+        grad, *elements = ctx.saved_tensors
+        job = ctx.job
+        if torch.is_grad_enabled():  # third order: differentiate a plain re-run twice
+            return (None, None, *_plain_hvp(job, grad, elements, V))
+        with torch.no_grad(), fwAD.dual_level(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch scripts its jvp decompositions on first use
+            duals = [fwAD.make_dual(e.detach(), torch.zeros_like(e) if v is None else v) for e, v in zip(elements, V)]
+            _, state = tape.forward(job, duals, dual=True)
+            hv = [fwAD.unpack_dual(g).tangent for g in tape.backward(job, state, grad.detach(), dual=True)]
+        hv = [None if h is None or not e.requires_grad else h for e, h in zip(elements, hv)]
+        d_grad = None
+        if ctx.needs_input_grad[2]:  # ⟨V, ∂goal_b/∂x⟩ per example (every input has the full batch: applies)
+            _, state = tape.forward(job, [e.detach() for e in elements])
+            ones = tape.backward(job, state, torch.ones_like(grad))
+            d_grad = sum((v * g).reshape(*grad.shape, -1).sum(-1) for v, g in zip(V, ones) if v is not None)
+        return (None, None, d_grad, *hv)
+
+
+def _plain_hvp(job: _Job, grad: Tensor, elements: list[Tensor], V: tuple[Tensor | None, ...]) -> list[Tensor | None]:
+    """``(d grad, d elements)`` of ``⟨V, grad · ∂goal/∂elements⟩``, differentiable (plain re-run)."""
+    gs = _plain_gradient(job, grad, tuple(elements), create_graph=True)
+    pairs = [(g, v) for g, v in zip(gs, V) if g is not None and v is not None]
+    wrt = [grad] + [e for e in elements if e.requires_grad]
+    if not pairs or not any(x.requires_grad for x in wrt):
+        return [None] * (1 + len(elements))
+    found = torch.autograd.grad([g for g, _ in pairs], wrt, [v for _, v in pairs], create_graph=True, allow_unused=True)
+    d_grad, rest = found[0], iter(found[1:])
+    return [d_grad] + [next(rest) if e.requires_grad else None for e in elements]
 
 
 class _Chunks:

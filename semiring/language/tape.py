@@ -10,13 +10,17 @@ the same layouts in place (a level's gradient is the sum over its chart's layout
 In the Log and Max semirings a level's vector-Jacobian product is written out (Log: the softmax
 weights ``exp(a + b - out)`` of each ⊕, from the values the forward stored; Max: the gradient
 routed to the first maximum of each slice it reaches); other semirings, and levels
-whose steps are not plain ⊕-of-⊗, recompute the level under a local autograd graph. Memory is the
+whose steps are not plain ⊕-of-⊗ (an outer term, a write gathered from several steps), recompute
+the level under a local autograd graph. The written-out passes are plain torch operations, so
+they also run on forward-mode dual tensors: that is how the Hessian-vector products of
+:class:`semiring.language.program._TapeGradient` are computed. Memory is the
 buffers plus one level's temporaries: O(n²·B) for span programs, where saving every level's reads
 would be O(n³·B).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,7 +96,7 @@ class LevelPlan:
     reads: list[list[Access | None]]  # per step, per read (None: the semiring one)
     heads: list[list[Access]] | None  # per step, per layout of its chart, where every item of the level is written by one step; else None
     items: dict[str, list[Access]]  # chart -> per layout, where the level's items (block order) go
-    manual: bool  # every step a plain ⊕ of ⊗ (no mask, no outer term) and direct writes: VJP by hand
+    manual: bool  # every step a plain ⊕ of ⊗ (no outer term) and direct writes: VJP by hand
 
 
 class TapePlan:
@@ -112,7 +116,7 @@ class TapePlan:
             direct = all(asm.mask is None and (asm.index is None or asm.index.shape[1] == 1) for asm in level.charts.values())
             heads = [self._everywhere(sch, st.chart, st.heads) for st in level.steps] if direct else None
             items = {chart: self._everywhere(sch, chart, sch.items[(chart, lev)]) for chart in level.charts}
-            manual = direct and all(st.mask is None and st.outer == 0 for st in level.steps)
+            manual = direct and all(st.outer == 0 for st in level.steps)
             self.levels.append(LevelPlan(reads, heads, items, manual))
         self.goal = Access.of(_permute(sch.goal_positions, sch.shapes[GOAL], self.layouts[GOAL][0]), self.keys[GOAL][0])
 
@@ -177,12 +181,13 @@ def plan(sch: Schedule) -> TapePlan:
     return sch.tape
 
 
-def forward(job, elements: list[Tensor]) -> tuple[Tensor, tuple]:
-    """Run every level into the chart buffers; (goal ``[*, B]``, what the backward pass needs)."""
+def forward(job, elements: list[Tensor], dual: bool = False) -> tuple[Tensor, tuple]:
+    """Run every level into the chart buffers; (goal ``[*, B]``, what the backward pass needs).
+    ``dual``: the elements are forward-mode dual tensors (see :data:`_DUAL`)."""
     sch, tp, lead = job.sch, plan(job.sch), job.lead
     sources = {name: x.reshape(*x.shape[: lead + 1], -1).contiguous() for name, x in zip(job.names, elements)}
     like = elements[0] if elements else torch.zeros(0)
-    manual = _MANUAL.get(type(job.semiring))
+    manual = (_DUAL if dual else _MANUAL).get(type(job.semiring))
     for lev, level in enumerate(sch.levels):
         lp = tp.levels[lev]
         results = []
@@ -205,7 +210,7 @@ def forward(job, elements: list[Tensor]) -> tuple[Tensor, tuple]:
     return goal, (sources, [e.shape for e in elements])
 
 
-def backward(job, state: tuple, grad: Tensor) -> list[Tensor]:
+def backward(job, state: tuple, grad: Tensor, dual: bool = False) -> list[Tensor]:
     """Gradients of the inputs (in their shapes), level by level in reverse, accumulated in place."""
     sch, tp = job.sch, plan(job.sch)
     sources, shapes = state
@@ -217,7 +222,7 @@ def backward(job, state: tuple, grad: Tensor) -> list[Tensor]:
     else:
         g_goal.scatter_(-1, job.goal_index(g_goal), grad.unsqueeze(-1))
     tp.goal.add(grads[tp.goal.source], g_goal)
-    manual = _MANUAL.get(type(job.semiring))
+    manual = (_DUAL if dual else _MANUAL).get(type(job.semiring))
     for lev in range(len(sch.levels) - 1, -1, -1):
         level, lp = sch.levels[lev], tp.levels[lev]
         if manual and lp.manual:
@@ -242,14 +247,17 @@ def _gradient(wheres: list[Access], grads: dict[str, Tensor]) -> Tensor:
 
 
 def _terms(st: Step, accesses: list[Access | None], sources: dict[str, Tensor]) -> Tensor | None:
-    """``Σ reads`` ``[*, B, L, K]`` (or broadcastable to it) of one plain step, on a fresh tensor;
-    None where the generic step must run (no read, or every read broadcast over K)."""
+    """``Σ reads`` ``[*, B, L, K]`` (or broadcastable to it) of one plain step, on a fresh tensor,
+    ``-inf`` (the zero of both semirings written out) where the step's mask has no instance; None
+    where the generic step must run (no read, or every read broadcast over K)."""
     vals = [acc.read(sources[acc.source]) for acc in accesses if acc is not None]
     if not vals or all(v.shape[-1] != st.K for v in vals):
         return None
     s = vals[0] + vals[1] if len(vals) > 1 else vals[0].clone()
     for v in vals[2:]:
         s = s + v
+    if st.mask is not None:
+        s = s.masked_fill(~st.mask.to(s.device), -math.inf)
     return s
 
 
@@ -308,8 +316,20 @@ def _argmax_weights(terms: Tensor, out: Tensor, g: Tensor) -> Tensor | None:
     return w
 
 
+def _logsumexp_dual_(terms: Tensor) -> Tensor:
+    """:func:`_logsumexp_` whose derivative is 0, not 0/0, where every term is -inf (an item
+    without derivations): on forward-mode dual tensors a NaN tangent there would spread to every
+    item that reads it, through ``exp(-inf) * NaN``."""
+    info = torch.finfo(terms.dtype)
+    m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)
+    s = terms.sub_(m).exp_().sum(-1)
+    empty = s == 0
+    return s.masked_fill_(empty, 1.0).log_().masked_fill_(empty, -math.inf).add_(m.squeeze(-1))
+
+
 _MANUAL = {LogSemiring: _manual(_logsumexp_, _softmax_weights),
            MaxSemiring: _manual(lambda terms: terms.amax(-1), _argmax_weights)}
+_DUAL = {LogSemiring: _manual(_logsumexp_dual_, _softmax_weights)}  # the passes run on dual tensors
 
 
 def _autograd_vjp(job, level, lp: LevelPlan, sources, grads) -> None:
