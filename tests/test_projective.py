@@ -57,3 +57,20 @@ def test_every_word_has_one_head_in_every_sample():
     heads_per_word = samples[..., 1:].sum(-2)  # [S, B, N]
     assert heads_per_word[:, 0].eq(1).all()
     assert heads_per_word[:, 1, :3].eq(1).all() and heads_per_word[:, 1, 3:].eq(0).all()
+
+
+@pytest.mark.parametrize("single_root", [False, True])
+def test_derivatives_to_the_third_order_of_a_nonlinear_loss(single_root):
+    """A loss on the marginals whose own gradient depends on θ (here ∂(log Z)²/∂θ, whose gradient
+    weights the marginals by 2 log Z): the tape's gradient node, its forward-mode Hessian-vector
+    product and the third order behind it, all against finite differences."""
+    g = torch.Generator().manual_seed(3)
+    theta = random_potentials((4, 4), 2, g).requires_grad_()
+    lengths = torch.tensor([3, 2])
+
+    def gradient_of_squared_log_z(x):
+        log_z = ProjectiveDependencyCRF(x, lengths, single_root=single_root).log_partition
+        return torch.autograd.grad(log_z.pow(2).sum(), x, create_graph=True)[0]
+
+    assert torch.autograd.gradcheck(gradient_of_squared_log_z, (theta,))
+    assert torch.autograd.gradgradcheck(gradient_of_squared_log_z, (theta,))

@@ -308,8 +308,9 @@ class _Tape(torch.autograd.Function):
         elements = ctx.saved_tensors
         if not torch.is_grad_enabled():
             return (None, *tape.backward(ctx.job, ctx.state, grad))
-        if _TapeGradient.applies(ctx.job, grad, elements):
-            return (None, *_TapeGradient.apply(ctx.job, ctx.state, grad, *elements))
+        if _TapeGradient.applies(ctx.job, elements):
+            per_example = _TapeGradient.apply(ctx.job, ctx.state, *elements)
+            return (None, *[g * grad.reshape(-1, *[1] * (g.dim() - 1)) for g in per_example])
         return (None, *_plain_gradient(ctx.job, grad, elements, create_graph=True))
 
 
@@ -323,62 +324,53 @@ def _plain_gradient(job: _Job, grad: Tensor, elements: tuple[Tensor, ...], creat
 
 
 class _TapeGradient(torch.autograd.Function):
-    """The tape's gradient ``grad · ∂goal/∂elements`` (Log semiring) as a node of its own, so that
-    the backward of marginals (a loss on them: structured attention) runs on the tape too.
+    """The gradient of every example's goal, ``∂goal_b/∂elements`` (Log semiring; example b's in
+    row b of each input), as a node of its own, so that the backward of marginals (a loss on them:
+    structured attention) runs on the tape too. (:class:`_Tape` weighs the rows by the incoming
+    gradient with a plain product, so its derivative needs nothing here.)
 
-    Its backward is a Hessian-vector product ``grad · H V``. The Hessian of the log-partition is
+    Its backward is a Hessian-vector product ``H V``. The Hessian of the log-partition is
     symmetric, so ``H V`` is the *forward*-mode derivative of the gradient in the direction ``V``:
     the tape's forward and backward passes run once more on dual tensors (primal + tangent), which
     costs about two first-order passes, where differentiating the backward pass in reverse mode
-    would need a recorded graph of every level (the plain re-run, 3-10x slower). Its own backward
-    (third order) is the plain re-run."""
+    needs a recorded graph of every level (the plain re-run, 3x slower). Its own backward (third
+    order) is the plain re-run, differentiated twice."""
 
     @staticmethod
-    def applies(job: _Job, grad: Tensor, elements: tuple[Tensor, ...]) -> bool:
+    def applies(job: _Job, elements: tuple[Tensor, ...]) -> bool:
         """Log semiring only (the tape's gradient is then the exact one; a sampling semiring's is
-        not a gradient), every level's backward written out, and ``⟨V, ∂goal_b/∂x⟩`` separable
-        per example where ``grad`` itself needs a gradient: no input shared by the batch (batch
-        of 1) then."""
-        if type(job.semiring) is not LogSemiring or not all(lp.manual for lp in tape.plan(job.sch).levels):
-            return False  # (a level recomputed under autograd would drop the tangents)
-        return not grad.requires_grad or all(e.shape[0] == job.batch for e in elements if e.requires_grad)
+        not a gradient), every level's backward written out (a level recomputed under autograd
+        would drop the tangents), and every input with the whole batch (one shared by the batch
+        mixes the examples' gradients)."""
+        return (type(job.semiring) is LogSemiring and all(lp.manual for lp in tape.plan(job.sch).levels)
+                and all(e.shape[0] == job.batch for e in elements))
 
     @staticmethod
-    def forward(ctx, job: _Job, state: tuple, grad: Tensor, *elements: Tensor):
+    def forward(ctx, job: _Job, state: tuple, *elements: Tensor):
         ctx.job = job
-        ctx.save_for_backward(grad, *elements)
-        return tuple(tape.backward(job, state, grad))
+        ctx.save_for_backward(*elements)
+        return tuple(tape.backward(job, state, elements[0].new_ones(job.batch)))
 
     @staticmethod
     def backward(ctx, *V: Tensor):
-        grad, *elements = ctx.saved_tensors
+        elements = ctx.saved_tensors
         job = ctx.job
+        ones = elements[0].new_ones(job.batch)
         if torch.is_grad_enabled():  # third order: differentiate a plain re-run twice
-            return (None, None, *_plain_hvp(job, grad, elements, V))
+            gs = _plain_gradient(job, ones, elements, create_graph=True)
+            pairs = [(g, v) for g, v in zip(gs, V) if g is not None and v is not None]
+            wanted = [e for e in elements if e.requires_grad]
+            if not pairs:
+                return (None, None, *[None] * len(elements))
+            found = iter(torch.autograd.grad([g for g, _ in pairs], wanted, [v for _, v in pairs],
+                                             create_graph=True, allow_unused=True))
+            return (None, None, *[next(found) if e.requires_grad else None for e in elements])
         with torch.no_grad(), fwAD.dual_level(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # torch scripts its jvp decompositions on first use
             duals = [fwAD.make_dual(e.detach(), torch.zeros_like(e) if v is None else v) for e, v in zip(elements, V)]
             _, state = tape.forward(job, duals, dual=True)
-            hv = [fwAD.unpack_dual(g).tangent for g in tape.backward(job, state, grad.detach(), dual=True)]
-        hv = [None if h is None or not e.requires_grad else h for e, h in zip(elements, hv)]
-        d_grad = None
-        if ctx.needs_input_grad[2]:  # ⟨V, ∂goal_b/∂x⟩ per example (every input has the full batch: applies)
-            _, state = tape.forward(job, [e.detach() for e in elements])
-            ones = tape.backward(job, state, torch.ones_like(grad))
-            d_grad = sum((v * g).reshape(*grad.shape, -1).sum(-1) for v, g in zip(V, ones) if v is not None)
-        return (None, None, d_grad, *hv)
-
-
-def _plain_hvp(job: _Job, grad: Tensor, elements: list[Tensor], V: tuple[Tensor | None, ...]) -> list[Tensor | None]:
-    """``(d grad, d elements)`` of ``⟨V, grad · ∂goal/∂elements⟩``, differentiable (plain re-run)."""
-    gs = _plain_gradient(job, grad, tuple(elements), create_graph=True)
-    pairs = [(g, v) for g, v in zip(gs, V) if g is not None and v is not None]
-    wrt = [grad] + [e for e in elements if e.requires_grad]
-    if not pairs or not any(x.requires_grad for x in wrt):
-        return [None] * (1 + len(elements))
-    found = torch.autograd.grad([g for g, _ in pairs], wrt, [v for _, v in pairs], create_graph=True, allow_unused=True)
-    d_grad, rest = found[0], iter(found[1:])
-    return [d_grad] + [next(rest) if e.requires_grad else None for e in elements]
+            hv = [fwAD.unpack_dual(g).tangent for g in tape.backward(job, state, ones, dual=True)]
+        return (None, None, *[h if e.requires_grad else None for e, h in zip(elements, hv)])
 
 
 class _Chunks:
