@@ -290,10 +290,17 @@ def _manual(reduce, weights):
     return step, vjp
 
 
-def _logsumexp_(terms: Tensor) -> Tensor:
+def _logsumexp_(terms: Tensor, dual: bool = False) -> Tensor:
+    """Log ⊕ over the last dimension, in place on ``terms``. ``dual``: forward-mode dual tensors,
+    whose derivative must be 0, not 0/0, where every term is -inf (an item without derivations):
+    a NaN tangent there would spread to every item that reads it, through ``exp(-inf) * NaN``."""
     info = torch.finfo(terms.dtype)
     m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)  # a row of -inf (or +inf) stays so
-    return terms.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(-1))
+    s = terms.sub_(m).exp_().sum(-1)
+    if not dual:
+        return s.log_().add_(m.squeeze(-1))
+    empty = s == 0
+    return s.masked_fill_(empty, 1.0).log_().masked_fill_(empty, -math.inf).add_(m.squeeze(-1))
 
 
 def _softmax_weights(terms: Tensor, out: Tensor, g: Tensor) -> Tensor:
@@ -316,20 +323,9 @@ def _argmax_weights(terms: Tensor, out: Tensor, g: Tensor) -> Tensor | None:
     return w
 
 
-def _logsumexp_dual_(terms: Tensor) -> Tensor:
-    """:func:`_logsumexp_` whose derivative is 0, not 0/0, where every term is -inf (an item
-    without derivations): on forward-mode dual tensors a NaN tangent there would spread to every
-    item that reads it, through ``exp(-inf) * NaN``."""
-    info = torch.finfo(terms.dtype)
-    m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)
-    s = terms.sub_(m).exp_().sum(-1)
-    empty = s == 0
-    return s.masked_fill_(empty, 1.0).log_().masked_fill_(empty, -math.inf).add_(m.squeeze(-1))
-
-
 _MANUAL = {LogSemiring: _manual(_logsumexp_, _softmax_weights),
            MaxSemiring: _manual(lambda terms: terms.amax(-1), _argmax_weights)}
-_DUAL = {LogSemiring: _manual(_logsumexp_dual_, _softmax_weights)}  # the passes run on dual tensors
+_DUAL = {LogSemiring: _manual(lambda terms: _logsumexp_(terms, dual=True), _softmax_weights)}  # on dual tensors
 
 
 def _autograd_vjp(job, level, lp: LevelPlan, sources, grads) -> None:
