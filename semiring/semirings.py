@@ -88,7 +88,6 @@ class _LogSumExp(torch.autograd.Function):
         out = torch.logsumexp(x, dim)
         ctx.dim = dim
         ctx.save_for_backward(x, out)
-        ctx.save_for_forward(x, out)
         return out
 
     @staticmethod
@@ -97,12 +96,6 @@ class _LogSumExp(torch.autograd.Function):
         dim = ctx.dim
         weights = (x - _finite_or_zero(out).unsqueeze(dim)).exp()
         return g.unsqueeze(dim) * weights, None
-
-    @staticmethod
-    def jvp(ctx, x_t: Tensor, _dim_t) -> Tensor:
-        x, out = ctx.saved_tensors
-        weights = (x - _finite_or_zero(out).unsqueeze(ctx.dim)).exp()
-        return (weights * x_t).sum(ctx.dim)
 
 
 class _LogDot(torch.autograd.Function):
@@ -117,7 +110,6 @@ class _LogDot(torch.autograd.Function):
         out = torch.logsumexp(a + b, dim)
         ctx.dim = dim
         ctx.save_for_backward(a, b, out)
-        ctx.save_for_forward(a, b, out)
         return out
 
     @staticmethod
@@ -126,13 +118,6 @@ class _LogDot(torch.autograd.Function):
         dim = ctx.dim
         w = (a + b - _finite_or_zero(out).unsqueeze(dim)).exp() * g.unsqueeze(dim)
         return _reduce_to(w, a.shape), _reduce_to(w, b.shape), None
-
-    @staticmethod
-    def jvp(ctx, a_t: Tensor | None, b_t: Tensor | None, _dim_t) -> Tensor:
-        a, b, out = ctx.saved_tensors
-        w = (a + b - _finite_or_zero(out).unsqueeze(ctx.dim)).exp()
-        t = a_t if b_t is None else (b_t if a_t is None else a_t + b_t)
-        return (w * t).sum(ctx.dim)
 
 
 def _log_matvec(a: Tensor, b: Tensor) -> Tensor:
