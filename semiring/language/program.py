@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+from collections import OrderedDict
 from typing import Mapping
 
 import numpy as np
@@ -13,10 +14,17 @@ from torch import Tensor
 
 from ..semirings import Log, LogSemiring, Semiring
 from . import tape
+from .autodiff import Tape
+from .execute import Run
 from .factor import factor
 from .grounding import ground
+from .levels import find_levels
+from .plan import Plan, Unsupported, build, layouts, summed_variables
 from .schedule import Level, Read, Schedule, Step, schedule
 from .syntax import GOAL, LENGTH, Affine, ProgramError, Rule, Term, parse
+
+
+PLANS = 32  # plans kept per program (one per set of input sizes)
 
 
 class Program:
@@ -35,6 +43,11 @@ class Program:
         self.rules: list[Rule] = factor(rules)
         self.inputs: list[str] = list(self.syntax.inputs)
         self._schedules: dict[tuple, tuple[Schedule, object]] = {}
+        self.levels = find_levels(self.rules, self.syntax)
+        if self.levels is not None:
+            charts = {r.head.name: len(r.head.indices) for r in self.rules}
+            self._layouts = layouts(self.rules, charts, {i: summed_variables(r) for i, r in enumerate(self.rules)})
+        self._plans: OrderedDict[tuple, Plan | None] = OrderedDict()
 
     def _with_length(self, rule: Rule) -> Rule:
         if rule.head.name != GOAL or not self.syntax.uses_length:
@@ -82,9 +95,28 @@ class Program:
         self.compiled(shapes)
         return self._schedules[tuple(sorted(shapes.items()))][1]
 
+    def plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan | None:
+        """The plan at these input sizes (None: the program needs the grounding executor); the
+        last ``PLANS`` are kept."""
+        key = tuple(sorted(shapes.items()))
+        if key in self._plans:
+            self._plans.move_to_end(key)
+            return self._plans[key]
+        plan = None
+        if self.levels is not None:
+            try:
+                plan = build(self.rules, self.syntax, self.levels, dict(shapes), self._layouts)
+            except Unsupported:
+                plan = None
+        self._plans[key] = plan
+        if len(self._plans) > PLANS:
+            self._plans.popitem(last=False)
+        return plan
+
     def lengths_allowed(self, shapes: dict[str, tuple[int, ...]]) -> np.ndarray:
         """The values of ``n`` the goal is defined at for these shapes."""
-        return self.compiled(shapes).lengths
+        plan = self.plan(shapes)
+        return plan.lengths if plan is not None else self.compiled(shapes).lengths
 
     def check_lengths(self, lengths: Tensor | None, batch: int, shapes) -> Tensor | None:
         allowed = self.lengths_allowed(shapes)
@@ -119,6 +151,9 @@ class Program:
 
     def run(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes) -> Tensor:
         """Run on already converted elements ``[*components, B, *shape]`` (differentiate through these)."""
+        plan = self.plan(shapes)
+        if plan is not None:
+            return Tape.apply(Run(plan, semiring, list(elements), lengths, batch), *elements.values())
         sch = self.compiled(shapes)
         job = _Job(self, semiring, sch, lengths, batch, list(elements))
         if sch.gathers_levels:  # reads spanning many levels: the tape's in-place gradients pay off

@@ -1,0 +1,93 @@
+"""The autograd glue of a run: one node with a written-out backward, and what higher orders need.
+
+:class:`Tape` runs a plan as one autograd node whose backward is the in-place level-by-level pass of
+:mod:`.execute`. When that backward must itself be differentiable (``create_graph=True``: a loss on
+the marginals, as structured attention trains), the gradient is a node of its own in the Log
+semiring, :class:`TapeGradient`, whose backward is a Hessian-vector product computed in forward
+mode; in other semirings, and for third order, the run is repeated with out-of-place writes
+(:meth:`~.execute.Run.functional`) and differentiated by plain autograd.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch import Tensor
+
+from ..semirings import LogSemiring
+from .execute import Run
+
+
+class Tape(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, run: Run, *elements: Tensor) -> Tensor:
+        ctx.run = run
+        ctx.save_for_backward(*elements)
+        with torch.no_grad():
+            out, ctx.buffers = run.forward([e.detach() for e in elements])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        elements = ctx.saved_tensors
+        run = ctx.run
+        if not torch.is_grad_enabled():
+            return (None, *run.backward(ctx.buffers, grad, [e.shape for e in elements]))
+        if TapeGradient.applies(run, elements):
+            per_example = TapeGradient.apply(run, ctx.buffers, *elements)
+            return (None, *[g * grad.reshape(-1, *[1] * (g.dim() - 1)) for g in per_example])
+        return (None, *plain_gradient(run, grad, elements))
+
+
+def plain_gradient(run: Run, grad: Tensor, elements: tuple[Tensor, ...]) -> list[Tensor | None]:
+    """The gradient of ``⟨grad, goal⟩`` by a differentiable re-run (None where not needed)."""
+    wanted = [e for e in elements if e.requires_grad]
+    with torch.enable_grad():
+        out = run.functional(list(elements))
+        found = iter(torch.autograd.grad(out, wanted, grad, create_graph=True, allow_unused=True))
+    return [next(found) if e.requires_grad else None for e in elements]
+
+
+class TapeGradient(torch.autograd.Function):
+    """``∂goal_b/∂elements`` for every example b (Log semiring; example b's in row b of each
+    input), whose backward is the Hessian-vector product ``H V``: the Hessian of the log-partition
+    is symmetric, so ``H V`` is the forward-mode derivative of the gradient in the direction ``V``,
+    the forward and backward passes run once more on dual tensors (about two first-order passes).
+    Its own backward (third order) is the functional re-run, differentiated twice."""
+
+    @staticmethod
+    def applies(run: Run, elements: tuple[Tensor, ...]) -> bool:
+        """Log semiring only (a sampling semiring's tape gradient is not a gradient), and every
+        input with the whole batch (one shared by the batch mixes the examples' gradients)."""
+        return type(run.semiring) is LogSemiring and all(e.shape[0] == run.batch for e in elements)
+
+    @staticmethod
+    def forward(ctx, run: Run, buffers: dict, *elements: Tensor):
+        ctx.run = run
+        ctx.save_for_backward(*elements)
+        return tuple(run.backward(buffers, elements[0].new_ones(run.batch), [e.shape for e in elements]))
+
+    @staticmethod
+    def backward(ctx, *V: Tensor):
+        elements = ctx.saved_tensors
+        run = ctx.run
+        ones = elements[0].new_ones(run.batch)
+        if torch.is_grad_enabled():  # third order: differentiate the functional run twice
+            wanted = [e for e in elements if e.requires_grad]
+            gs = plain_gradient(run, ones, elements)
+            pairs = [(g, v) for g, v in zip(gs, V) if g is not None and v is not None]
+            if not pairs:
+                return (None, None, *[None] * len(elements))
+            found = iter(torch.autograd.grad([g for g, _ in pairs], wanted, [v for _, v in pairs],
+                                             create_graph=True, allow_unused=True))
+            return (None, None, *[next(found) if e.requires_grad else None for e in elements])
+        with torch.no_grad(), fwAD.dual_level(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch scripts its jvp decompositions on first use
+            duals = [fwAD.make_dual(e.detach().contiguous(), torch.zeros_like(e, memory_format=torch.contiguous_format) if v is None else v.contiguous())
+                     for e, v in zip(elements, V)]
+            _, buffers = run.forward(duals, dual=True)
+            hv = [fwAD.unpack_dual(g).tangent for g in run.backward(buffers, ones, [e.shape for e in elements], dual=True)]
+            hv = [torch.zeros_like(e) if h is None else h for e, h in zip(elements, hv)]  # a tangent nothing reached
+        return (None, None, *[h if e.requires_grad else None for e, h in zip(elements, hv)])

@@ -1,0 +1,394 @@
+"""Running a plan: the charts in flat buffers, every step a batched ⊕ of ⊗ over strided views.
+
+Values are ``[*components, B, ...]`` (the semiring's leading components, then the batch). Every
+chart lives in a buffer ``[*, B, positions]`` per layout (:mod:`.plan`), first filled with the
+semiring zero, so that items no rule defines read as zero. The forward pass writes each level's
+items in place and keeps nothing but the buffers; the backward pass walks the levels in reverse,
+re-reads what each step read (views: free) and adds the gradients into zero-filled gradient
+buffers of the same layouts, in place. In the Log and Max semirings a step's vector-Jacobian
+product is written out (Log: the weights ``exp(terms - item)`` of each ⊕; Max: the gradient
+routed to the first maximum); other semirings recompute the level under a local autograd graph.
+The written-out passes are plain torch operations, so they also run on forward-mode dual tensors
+(the Hessian-vector products of :mod:`.autodiff`). :func:`functional` is the same run with
+out-of-place writes, differentiable to any order by plain autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..semirings import LogSemiring, MaxSemiring, Semiring
+from .plan import Plan, Read, Step
+from .syntax import GOAL
+
+
+class Run:
+    """One run of a plan in a semiring: ``names`` the inputs (program order), ``lengths`` [B] or None."""
+
+    def __init__(self, plan: Plan, semiring: Semiring, names: list[str], lengths: Tensor | None, batch: int):
+        self.plan, self.semiring, self.names, self.lengths, self.batch = plan, semiring, names, lengths, batch
+        self.lead = semiring.extra
+
+    # ------------------------------------------------------------ reading and writing
+
+    def view(self, src: Tensor, rd: Read, step: Step, upto: int | None = None) -> Tensor:
+        """The term ``rd`` at ``step``'s level, ``[*, B, *coords]`` (the first ``upto`` coordinates only)."""
+        sizes, strides = step.sizes[:upto], rd.strides[:upto]
+        i = step.i
+        offset = int(rd.offset[i])
+        if not rd.gather[i]:
+            return src.as_strided((*src.shape[:-1], *sizes), (*src.stride()[:-1], *strides), src.storage_offset() + offset)
+        pos = self.positions(offset, strides, sizes, src.device).clamp(0, rd.bound - 1)
+        return src.index_select(-1, pos.reshape(-1)).reshape(*src.shape[:-1], *sizes)
+
+    @staticmethod
+    def positions(offset: int, strides, sizes, device) -> Tensor:
+        pos = torch.full((), offset, dtype=torch.long, device=device)
+        for d, (s, n) in enumerate(zip(strides, sizes)):
+            if s:
+                pos = pos + s * torch.arange(n, device=device).reshape([-1 if e == d else 1 for e in range(len(sizes))])
+        return pos.expand(sizes)
+
+    @staticmethod
+    def mask(step: Step, device) -> Tensor | None:
+        """``[*coords]`` bool: where the step's box holds instances of the rule (None: everywhere)."""
+        if not step.masks:
+            return None
+        out = None
+        for coeffs, const, op in step.masks:
+            e = Run.positions(const, [coeffs.get(c, 0) for c in range(len(step.sizes))], step.sizes, device)
+            m = e >= 0 if op == ">=" else e != 0
+            out = m if out is None else out & m
+        return out
+
+    def heads(self, step: Step) -> list[Read]:
+        return step.form.heads
+
+    # ------------------------------------------------------------ one step, any semiring
+
+    def compute(self, step: Step, read, like: Tensor) -> Tensor:
+        """The step's items ``[*, B, *L]``: ⊕ over the K coordinates of the ⊗ of its terms;
+        ``read(rd, upto)`` gives a term's view."""
+        sr, form = self.semiring, step.form
+        n = len(step.sizes)
+        first_outer = len(form.reads) - form.outer
+        vals = [read(rd, None) for rd in form.reads[:first_outer] if rd is not None]
+        if vals:
+            p = vals[0]
+            for v in vals[1:]:
+                p = sr.times(p, v)
+            p = p.expand(*p.shape[: p.dim() - n], *step.sizes)
+        else:
+            p = sr.one((1, *step.sizes), like)
+        m = self.mask(step, like.device)
+        if m is not None:
+            p = torch.where(m, p, sr.zero(p.shape[self.lead:], p))
+        k = len(step.K)
+        if k:
+            p = sr.sum(p.reshape(*p.shape[: p.dim() - k], -1), -1)
+        for rd in form.reads[first_outer:]:
+            if rd is not None:
+                p = sr.times(p, read(rd, form.n_free))
+        return p.expand(*p.shape[: self.lead], self.batch, *step.L)
+
+    def write(self, buffers: dict[str, Tensor], step: Step, value: Tensor, plus=None) -> None:
+        """The step's items into every layout of its chart (⊕ into them with ``plus`` where earlier
+        steps of the level wrote some)."""
+        plus = plus or self.semiring.plus
+        for rd in step.form.heads:
+            dst = self.view(buffers[rd.source], rd, step, step.form.n_free)
+            if step.accumulate:
+                dst.copy_(plus(dst, value))
+            else:
+                dst.copy_(value)
+
+    def select_goal(self, goal: Tensor) -> Tensor:
+        """``[*, B, goal positions]`` -> ``[*, B]``: each example's goal at its own length."""
+        lo = self.plan.boxes[GOAL].lo[0] if self.plan.boxes[GOAL].lo else 0
+        if self.lengths is None:
+            return goal[..., int(self.plan.lengths[-1]) - lo]
+        index = (self.lengths.to(goal.device) - lo).reshape(*[1] * self.lead, -1, 1).expand(*goal.shape[:-1], 1)
+        return goal.gather(-1, index).squeeze(-1)
+
+    def goal_gradient(self, goal: Tensor, grad: Tensor) -> Tensor:
+        g = torch.zeros_like(goal)
+        lo = self.plan.boxes[GOAL].lo[0] if self.plan.boxes[GOAL].lo else 0
+        if self.lengths is None:
+            g[..., int(self.plan.lengths[-1]) - lo] = grad
+        else:
+            index = (self.lengths.to(goal.device) - lo).reshape(*[1] * self.lead, -1, 1).expand(*goal.shape[:-1], 1)
+            g.scatter_(-1, index, grad.unsqueeze(-1).expand(*goal.shape[:-1], 1))
+        return g
+
+    def all_steps(self):
+        """(level number, its steps) in order, the goal's last."""
+        yield from enumerate(self.plan.levels)
+        yield len(self.plan.levels), self.plan.goal
+
+    def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
+        lead = self.lead
+        return {name: x.reshape(*x.shape[: lead + 1], -1).contiguous() for name, x in zip(self.names, elements)}
+
+    def buffers(self, like: Tensor) -> dict[str, Tensor]:
+        out = {}
+        for chart, keys in self.plan.keys.items():
+            for key in keys:
+                out[key] = self.semiring.zero((self.batch, self.plan.size[key]), like)
+        return out
+
+    # ------------------------------------------------------------ forward, in place
+
+    def forward(self, elements: list[Tensor], dual: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+        """Every level into the buffers: (goal ``[*, B]``, the buffers with the inputs)."""
+        like = elements[0] if elements else torch.zeros(0)
+        buf = self.sources(elements)
+        buf.update(self.buffers(like))
+        manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
+        for _, steps in self.all_steps():
+            for step in steps:
+                value = manual.step(self, step, buf) if manual else None
+                if value is None:
+                    value = self.compute(step, lambda rd, upto: self.view(buf[rd.source], rd, step, upto), like)
+                self.write(buf, step, value, manual.plus if manual else None)
+        return self.select_goal(buf[GOAL]), buf
+
+    # ------------------------------------------------------------ backward, in place
+
+    def backward(self, buf: dict[str, Tensor], grad: Tensor, shapes, dual: bool = False) -> list[Tensor]:
+        """Gradients of the inputs (in their shapes), level by level in reverse, accumulated in place."""
+        grads = {key: torch.zeros_like(x) for key, x in buf.items()}
+        grads[GOAL] = self.goal_gradient(buf[GOAL], grad)
+        manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
+        for _, steps in reversed(list(self.all_steps())):
+            for group in _backward_order(steps):
+                if manual:
+                    for step in group:
+                        manual.vjp(self, step, buf, grads)
+                else:
+                    self._autograd_vjp(group, buf, grads)
+        return [grads[name].reshape(shape) for name, shape in zip(self.names, shapes)]
+
+    def item_gradient(self, step: Step, grads: dict[str, Tensor]) -> Tensor:
+        """The gradient of the step's items: the sum over the layouts their readers added into."""
+        heads = step.form.heads
+        g = self.view(grads[heads[0].source], heads[0], step, step.form.n_free)
+        for rd in heads[1:]:
+            g = g + self.view(grads[rd.source], rd, step, step.form.n_free)
+        return g
+
+    def add(self, grads: dict[str, Tensor], rd: Read, step: Step, g: Tensor, upto: int | None = None) -> None:
+        """``grads[rd.source][positions of rd] += g``, repeated positions accumulated; ``g`` may
+        have a larger batch than the source (a batch of 1 is shared: summed over)."""
+        dst = grads[rd.source]
+        lead = dst.dim() - 1
+        sizes, strides = step.sizes[:upto], rd.strides[:upto]
+        if g.shape[:lead] != dst.shape[:lead]:
+            g = g.sum([i for i in range(lead) if dst.shape[i] == 1 and g.shape[i] != 1], keepdim=True)
+        g = g.expand(*g.shape[:lead], *sizes)
+        broad = [lead + i for i, s in enumerate(strides) if s == 0 and sizes[i] > 1]
+        if broad:
+            g = g.sum(broad, keepdim=True)
+        shape = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
+        if not rd.gather[step.i] and _injective(strides, shape):
+            view = dst.as_strided((*dst.shape[:-1], *shape), (*dst.stride()[:-1], *strides), dst.storage_offset() + int(rd.offset[step.i]))
+            view.add_(g)
+            return
+        pos = self.positions(int(rd.offset[step.i]), strides, shape, dst.device)
+        inside = (pos >= 0) & (pos < rd.bound)
+        g = torch.where(inside, g, 0)
+        dst.index_add_(-1, pos.clamp(0, rd.bound - 1).reshape(-1), g.reshape(*g.shape[:lead], -1))
+
+    def _autograd_vjp(self, steps: list[Step], buf, grads) -> None:
+        """Recompute one level under a local autograd graph and add its gradients to the buffers."""
+        leaves: list[tuple[Read, Step, int | None, Tensor]] = []
+        like = next(iter(buf.values()))
+
+        def reader(step):
+            def read(rd, upto):
+                t = self.view(buf[rd.source], rd, step, upto).detach().requires_grad_()
+                leaves.append((rd, step, upto, t))
+                return t
+            return read
+
+        outs = []
+        with torch.enable_grad():
+            values = [self.compute(step, reader(step), like) for step in steps]
+            accumulating = {s.form.chart for s in steps if s.shared}
+            flat: dict[str, tuple[Tensor, Tensor]] = {}  # chart -> (its items ⊕-combined, their gradient)
+            for step, v in zip(steps, values):
+                chart = step.form.chart
+                if chart not in accumulating:
+                    outs.append((v, self.item_gradient(step, grads)))
+                    continue
+                if chart not in flat:  # items several steps write: ⊕ them in a level-local chart
+                    flat[chart] = (self.semiring.zero(buf[chart].shape[self.lead:], like), torch.zeros_like(grads[chart]))
+                f, g = flat[chart]
+                rd = step.form.heads[0]
+                g.as_strided((*g.shape[:-1], *step.L), (*g.stride()[:-1], *rd.strides[: step.form.n_free]), int(rd.offset[step.i])) \
+                    .copy_(self.item_gradient(step, grads))
+                flat[chart] = (self.put(f, rd, step, v, accumulate=True), g)
+            outs += list(flat.values())
+        outs = [(v, g) for v, g in outs if v.requires_grad]
+        if not outs or not leaves:
+            return
+        found = torch.autograd.grad([v for v, _ in outs], [t for *_, t in leaves], [g for _, g in outs], allow_unused=True)
+        for (rd, step, upto, _), g in zip(leaves, found):
+            if g is not None:
+                self.add(grads, rd, step, g, upto)
+
+    # ------------------------------------------------------------ functional: plain autograd
+
+    def put(self, buf: Tensor, rd: Read, step: Step, value: Tensor, accumulate: bool) -> Tensor:
+        """``buf`` with the step's items written (⊕-combined with what is there if ``accumulate``),
+        out of place: differentiable (an index copy: torch's strided scatter double-counts the
+        gradient of what it overwrites when that was read)."""
+        L = step.L
+        pos = self.positions(int(rd.offset[step.i]), rd.strides[: step.form.n_free], L, buf.device).reshape(-1)
+        if accumulate:
+            value = self.semiring.plus(buf.index_select(-1, pos).reshape(*buf.shape[:-1], *L), value)
+        value = value.expand(*buf.shape[:-1], *L)
+        return buf.index_copy(-1, pos, value.reshape(*buf.shape[:-1], -1))
+
+    def functional(self, elements: list[Tensor]) -> Tensor:
+        """The forward pass with out-of-place writes: differentiable to any order by autograd."""
+        like = elements[0] if elements else torch.zeros(0)
+        buf = self.sources(elements)
+        buf.update(self.buffers(like))
+        for _, steps in self.all_steps():
+            for step in steps:
+                value = self.compute(step, lambda rd, upto: self.view(buf[rd.source], rd, step, upto), like)
+                for rd in step.form.heads:
+                    buf[rd.source] = self.put(buf[rd.source], rd, step, value, step.accumulate)
+        return self.select_goal(buf[GOAL])
+
+
+def _injective(strides, shape) -> bool:
+    """Whether a strided view (no stride-0 dimension of size > 1) touches each position once."""
+    dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1)
+    reach = 0
+    for s, n in dims:
+        if s <= reach:
+            return False
+        reach += s * (n - 1)
+    return True
+
+
+def _backward_order(steps: list[Step]) -> list[list[Step]]:
+    """A level's steps for the backward pass, per chart: charts in reverse stratum order (a chart's
+    items have their whole gradient once the charts that read them at this level are done), the
+    rules of one chart in program order (Max: the first rule to reach an item claims its gradient)."""
+    groups: dict[str, list[Step]] = {}
+    for step in steps:
+        groups.setdefault(step.form.chart, []).append(step)
+    return [groups[chart] for chart in reversed(list(groups))]
+
+
+class _Manual:
+    """A step and its vector-Jacobian product written out for one semiring: ``reduce(terms, dims)``
+    (may work in place) and ``weights(terms, item, g, claimed)`` (the gradient of each instance)."""
+
+    def __init__(self, reduce, weights, claim, plus):
+        self.reduce, self.weights, self.claim, self.plus = reduce, weights, claim, plus
+
+    @staticmethod
+    def terms(run: Run, step: Step, buf) -> Tensor:
+        """``Σ reads`` over the whole box ``[*, B, *coords]`` (outer terms too: broadcast over K),
+        on a fresh tensor, ``-inf`` where the box holds no instance."""
+        vals = [run.view(buf[rd.source], rd, step) for rd in step.form.reads if rd is not None]
+        n = len(step.sizes)
+        if not vals:
+            s = torch.zeros((1, *step.sizes), dtype=buf[GOAL].dtype, device=buf[GOAL].device)
+        else:
+            s = vals[0] + vals[1] if len(vals) > 1 else vals[0].clone()
+            for v in vals[2:]:
+                s = s + v
+        if s.shape[s.dim() - n:] != step.sizes:
+            s = s.expand(*s.shape[: s.dim() - n], *step.sizes).clone()
+        m = run.mask(step, s.device)
+        if m is not None:
+            s = s.masked_fill(~m, -math.inf)
+        return s
+
+    def step(self, run: Run, step: Step, buf) -> Tensor:
+        s = self.terms(run, step, buf)
+        k = len(step.K)
+        value = self.reduce(s.reshape(*s.shape[: s.dim() - k], -1)) if k else s
+        return value.expand(*value.shape[: run.lead], run.batch, *step.L)
+
+    def vjp(self, run: Run, step: Step, buf, grads) -> None:
+        form = step.form
+        if all(rd is None for rd in form.reads):
+            return
+        g = run.item_gradient(step, grads)
+        item = run.view(buf[form.heads[0].source], form.heads[0], step, form.n_free)
+        s = self.terms(run, step, buf)
+        k = len(step.K)
+        flat = s.reshape(*s.shape[: s.dim() - k], -1) if k else s.unsqueeze(-1)
+        w = self.weights(flat, item, g, step.shared)
+        if step.shared and self.claim is not None:
+            self.claim(run, step, grads, flat, item)
+        if w is None:
+            return
+        w = w.reshape(s.shape) if k else w.squeeze(-1)
+        first_outer = len(form.reads) - form.outer
+        for j, rd in enumerate(form.reads):
+            if rd is None:
+                continue
+            if j < first_outer:
+                run.add(grads, rd, step, w)
+            else:
+                run.add(grads, rd, step, w.sum(list(range(w.dim() - k, w.dim()))) if k else w, form.n_free)
+
+
+def _logsumexp_(terms: Tensor, dual: bool = False) -> Tensor:
+    """Log ⊕ over the last dimension, in place on ``terms``. ``dual``: forward-mode dual tensors,
+    whose derivative must be 0, not 0/0, where every term is -inf (an item without derivations)."""
+    info = torch.finfo(terms.dtype)
+    m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)
+    s = terms.sub_(m).exp_().sum(-1)
+    if not dual:
+        return s.log_().add_(m.squeeze(-1))
+    empty = s == 0
+    return s.masked_fill_(empty, 1.0).log_().masked_fill_(empty, -math.inf).add_(m.squeeze(-1))
+
+
+def _softmax_weights(terms: Tensor, item: Tensor, g: Tensor, shared: bool) -> Tensor:
+    """Log: ``exp(terms - item) * g``, in place on ``terms`` (``item`` the ⊕ of every rule's)."""
+    info = torch.finfo(terms.dtype)
+    return terms.sub_(item.clamp(info.min, info.max).unsqueeze(-1)).exp_().mul_(g.unsqueeze(-1))
+
+
+def _argmax_weights(terms: Tensor, item: Tensor, g: Tensor, shared: bool) -> Tensor | None:
+    """Max: ``g`` at the first maximum of each slice, where it is the item's value (with several
+    rules, the first rule to reach it; :func:`_claim` then takes ``g`` from the others)."""
+    shape = torch.broadcast_shapes(terms.shape[:-1], g.shape)
+    terms, g = terms.expand(*shape, terms.shape[-1]), g.expand(shape)
+    best, where = terms.max(-1)
+    if shared:
+        g = torch.where(best == item.expand(shape), g, 0)
+    hit = (g != 0).nonzero(as_tuple=True)
+    if hit[0].numel() == 0:
+        return None
+    w = torch.zeros_like(terms)
+    w[(*hit, where[hit])] = g[hit]
+    return w
+
+
+def _claim(run: Run, step: Step, grads, flat: Tensor, item: Tensor) -> None:
+    """Max, several rules writing one item: the first whose best equals the item took its gradient."""
+    won = flat.max(-1).values == item
+    for rd in step.form.heads:
+        view = run.view(grads[rd.source], rd, step, step.form.n_free)
+        view.masked_fill_(won.expand(view.shape), 0)
+
+
+def _log_plus(dual: bool):
+    return lambda a, b: _logsumexp_(torch.stack(torch.broadcast_tensors(a, b), -1), dual)
+
+
+_MANUAL = {LogSemiring: _Manual(_logsumexp_, _softmax_weights, None, _log_plus(False)),
+           MaxSemiring: _Manual(lambda t: t.amax(-1), _argmax_weights, _claim, torch.maximum)}
+_DUAL = {LogSemiring: _Manual(lambda t: _logsumexp_(t, dual=True), _softmax_weights, None, _log_plus(True))}

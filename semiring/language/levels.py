@@ -1,0 +1,173 @@
+"""The wavefront, found symbolically: an affine *level* per chart, and the order of charts within a level.
+
+Every chart ``X`` gets a level function ``τ_X(i_1, .., i_k) = Σ c_d i_d`` with ``c_d`` in {-1, 0, 1}
+(``t - s`` for the span charts of Eisner or CKY, ``i`` for a chain's ``alpha[i, c]``), such that every
+rule ``H[h] += .. T[t] ..`` reads ``T`` at a level no higher than the one it writes:
+``τ_H(h) - τ_T(t) >= 0`` wherever the rule's ``for`` ranges, ``if`` conditions and input indices
+allow (:func:`~.polyhedra.implied`). Reads at the same level must go from chart to chart without
+a cycle; that order is the *stratum* order (in Eisner, ``C[s, t]`` reads ``I[s, t]`` of the same
+width, so ``I`` comes first). The levels then serve every input size: nothing here looks at shapes.
+A program for which no such functions exist is reported as such (``None``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from .polyhedra import affine, implied, plus, scale
+from .syntax import GOAL, Affine, Const, Rule, Syntax
+
+MAX_TRIES = 20_000
+MAX_SEARCHED = 12  # charts: longer programs only get the first fitting candidate of each chart
+
+
+@dataclass
+class Levels:
+    coeffs: dict[str, tuple[int, ...]]  # chart -> its level function's coefficient per dimension
+    strata: list[str]  # the charts in the order they are computed within one level
+
+    def of(self, chart: str, indices) -> Affine:
+        """The level of ``chart[indices]`` as an affine expression of the indices' variables."""
+        out = affine({})
+        for c, ix in zip(self.coeffs[chart], indices):
+            if c:
+                out = plus(out, ix, c)
+        return out
+
+
+def static_constraints(rule: Rule, syntax: Syntax) -> list[Affine]:
+    """What holds for every instance of ``rule`` at any input size (as ``e >= 0``)."""
+    cons = []
+    for r in rule.ranges:
+        v = affine({r.var: 1})
+        cons += [plus(v, r.lo, -1), plus(r.hi, v, -1)]
+    for c in rule.conds:
+        d = plus(c.left, c.right, -1)
+        cons += {"<": [scale(d, -1).shifted(-1)], "<=": [scale(d, -1)], ">": [d.shifted(-1)], ">=": [d],
+                 "==": [d, scale(d, -1)], "!=": []}[c.op]
+    for t in rule.terms:
+        if t.name in syntax.inputs:
+            cons += [ix for ix in t.indices if isinstance(ix, Affine) and ix.coeffs]
+    return cons
+
+
+def _candidates(chart: str, rank: int, labels: set[int]) -> list[tuple[int, ...]]:
+    free = [d for d in range(rank) if d not in labels]
+    out = []
+    for values in itertools.product((0, 1, -1), repeat=len(free)):
+        c = [0] * rank
+        for d, x in zip(free, values):
+            c[d] = x
+        out.append(tuple(c))
+    return sorted(out, key=lambda c: (sum(map(abs, c)), [-x for x in c]))
+
+
+def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
+    """Level functions and strata for the charts of ``rules`` (the goal excluded), or None."""
+    charts = list(dict.fromkeys(r.head.name for r in rules if r.head.name != GOAL))
+    rank = {c: len(next(r.head for r in rules if r.head.name == c).indices) for c in charts}
+    labels = {c: set() for c in charts}
+    for r in rules:
+        for t in (r.head, *r.terms):
+            if t.name in labels:
+                labels[t.name] |= {d for d, ix in enumerate(t.indices) if isinstance(ix, Const)}
+    edges = []  # (head chart, read chart, τ_H(h) - τ_T(t) as a function of the coefficients, constraints)
+    for r in rules:
+        if r.head.name == GOAL:
+            continue
+        cons = static_constraints(r, syntax)
+        for t in r.terms:
+            if t.name in labels:
+                edges.append((r.head.name, t.name, r.head.indices, t.indices, cons))
+    order = {c: i for i, c in enumerate(charts)}
+    by_late = {c: [e for e in edges if max(order[e[0]], order[e[1]]) == order[c]] for c in charts}
+    chosen: dict[str, tuple[int, ...]] = {}
+    same: dict[str, set[str]] = {c: set() for c in charts}  # chart -> charts it reads at its own level
+    tries = [0]
+
+    def level(chart, indices):
+        out = affine({})
+        for c, ix in zip(chosen[chart], indices):
+            if c and isinstance(ix, Affine):
+                out = plus(out, ix, c)
+        return out
+
+    def fits(chart: str) -> list[tuple[str, str]] | None:
+        sames = []
+        for head, read, h, t, cons in by_late[chart]:
+            delta = plus(level(head, h), level(read, t), -1)
+            if implied(delta.shifted(-1), cons):
+                continue
+            if head == read or not implied(delta, cons):
+                return None
+            sames.append((head, read))
+        for r in rules:  # a head's level must pin one of its variables, or be constant
+            if r.head.name == chart:
+                lv = level(chart, r.head.indices)
+                if lv.coeffs and not any(abs(a) == 1 for _, a in lv.coeffs):
+                    return None
+        return sames
+
+    def search(i: int) -> bool:
+        if i == len(charts):
+            return _strata(charts, same) is not None
+        chart = charts[i]
+        for c in _candidates(chart, rank[chart], labels[chart]):
+            tries[0] += 1
+            if tries[0] > MAX_TRIES:
+                return False
+            chosen[chart] = c
+            sames = fits(chart)
+            if sames is None:
+                continue
+            for head, read in sames:
+                same[head].add(read)
+            if search(i + 1):
+                return True
+            for head, read in sames:
+                same[head].discard(read)
+        del chosen[chart]
+        return False
+
+    def greedy() -> bool:
+        """The first fitting candidate of every chart in turn, never going back (long programs)."""
+        for chart in charts:
+            for c in _candidates(chart, rank[chart], labels[chart]):
+                chosen[chart] = c
+                sames = fits(chart)
+                if sames is not None:
+                    for head, read in sames:
+                        same[head].add(read)
+                    break
+            else:
+                return False
+        return _strata(charts, same) is not None
+
+    if not greedy():
+        chosen.clear()
+        for c in charts:
+            same[c] = set()
+        if len(charts) > MAX_SEARCHED or not search(0):
+            return None
+    return Levels(dict(chosen), _strata(charts, same))
+
+
+def _strata(charts: list[str], same: dict[str, set[str]]) -> list[str] | None:
+    """The charts in an order where each comes after those it reads at its own level (None: a
+    cycle); program order where nothing else decides (Kahn's algorithm)."""
+    waiting = {c: set(same[c]) for c in charts}
+    readers: dict[str, list[str]] = {c: [] for c in charts}
+    for c in charts:
+        for d in same[c]:
+            readers[d].append(c)
+    ready = [c for c in charts if not waiting[c]]
+    out = []
+    while ready:
+        c = ready.pop(0)
+        out.append(c)
+        for r in readers[c]:
+            waiting[r].discard(c)
+            if not waiting[r]:
+                ready.append(r)
+    return out if len(out) == len(charts) else None

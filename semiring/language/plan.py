@@ -1,0 +1,396 @@
+"""The plan: every rule at every level as one batched step over strided views of the charts.
+
+Built per program from its :class:`~.levels.Levels` and per input *sizes* from the chart extents,
+in O(rules x constraints) numpy work over the vector of levels: no rule instance is enumerated.
+
+A rule at level τ ranges over a box of *coordinates*: its head's free variables (the L dimensions:
+the items it writes; the head variable the level pins is solved for) and its summed variables
+(the K dimensions, ⊕-reduced). Each variable is ``base + coordinate``, where a summed variable's
+base may follow the head's (``u = s + 1 + k`` for ``for u in s+1..t``: SuPar's stripe), so that
+every term's position in its buffer is affine in the coordinates — a strided view, computed by
+arithmetic — and every rule's box at level τ is a rectangle. Where the rectangle holds instances
+the rule does not have (a triangle's corner, an ``if``), a mask, evaluated on the device from the
+same affine forms, marks them; a read that could leave its buffer there is a gather at clamped
+positions instead of a view.
+
+Charts live in dense buffers ``[*, B, box]`` over their index boxes, in one or two *layouts* (an
+order of the box's dimensions): each read over K instances uses the layout where they are
+adjacent, so that it is a unit-stride view; every level's items are written to each layout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .grounding import Space, _bounds, _constraints, _extents, _index_hull, _propagate, label_dims
+from .levels import Levels, static_constraints
+from .polyhedra import TAU, Infeasible, affine, bounds_of, coeff, plus, project, scale, substitute
+from .syntax import GOAL, Affine, Const, Rule, Syntax, Term
+
+
+class Unsupported(Exception):
+    """The plan cannot express this program at these sizes (the caller falls back)."""
+
+
+@dataclass
+class Expr:
+    """``const[τ] + Σ coeffs[c] * coordinate c``: an affine form of the coordinates whose constant
+    varies with the level (a vector over the rule's levels)."""
+
+    coeffs: dict[int, int]  # coordinate number -> coefficient
+    const: np.ndarray
+
+    def add(self, other: "Expr", k: int = 1) -> "Expr":
+        c = dict(self.coeffs)
+        for i, a in other.coeffs.items():
+            c[i] = c.get(i, 0) + k * a
+        return Expr({i: a for i, a in c.items() if a}, self.const + k * other.const)
+
+    def low(self, sizes: list[np.ndarray]) -> np.ndarray:
+        """Its least value over the box (exact: the form is affine)."""
+        return self.const + sum(np.minimum(0, a * (sizes[i] - 1)) for i, a in self.coeffs.items())
+
+    def high(self, sizes: list[np.ndarray]) -> np.ndarray:
+        return self.const + sum(np.maximum(0, a * (sizes[i] - 1)) for i, a in self.coeffs.items())
+
+
+@dataclass
+class Read:
+    """A term as a view ``[*, B, *coords]`` of a buffer: position ``offset[τ] + Σ strides * coords``."""
+
+    source: str  # buffer key (a chart's layout or an input)
+    offset: np.ndarray  # per level
+    strides: tuple[int, ...]  # per coordinate (0: the term does not vary with it)
+    gather: np.ndarray  # per level: whether positions may leave the buffer (read by a clamped gather)
+    bound: int  # the buffer's size
+
+
+@dataclass
+class Form:
+    """One rule at every level it fires at, at one set of sizes."""
+
+    rule: Rule
+    index: int  # the rule's number in the program
+    chart: str
+    levels: np.ndarray  # the levels τ it fires at (ascending)
+    n_free: int  # coordinates 0..n_free-1 are the head's (L), the rest summed (K)
+    sizes: list[np.ndarray]  # per coordinate, per level
+    reads: list[Read | None]  # per term (None: the semiring one)
+    heads: list[Read]  # per layout of the chart: where the items go
+    masks: list[tuple[Expr, str]]  # (form, op): an instance is real where form >= 0 (op ">=") or != 0 ("!=")
+    outer: int  # the last ``outer`` terms are ⊗-multiplied after the ⊕
+
+    def at(self, i: int) -> "Step":
+        """The step at the rule's ``i``-th level."""
+        sizes = tuple(int(s[i]) for s in self.sizes)
+        masks = [(e.coeffs, int(e.const[i]), op) for e, op in self.masks
+                 if (op == ">=" and e.low(self.sizes)[i] < 0) or (op == "!=" and e.low(self.sizes)[i] <= 0 <= e.high(self.sizes)[i])]
+        return Step(self, sizes, masks, i)
+
+    @property
+    def labels(self) -> tuple:
+        """The head's constants per dimension (None: a variable)."""
+        return tuple(ix.name if isinstance(ix, Const) else None for ix in self.rule.head.indices)
+
+
+@dataclass
+class Step:
+    form: Form
+    sizes: tuple[int, ...]  # per coordinate
+    masks: list[tuple[dict[int, int], int, str]]
+    i: int  # the level's number among the form's
+    accumulate: bool = False  # an earlier step of this level wrote some of the same items: ⊕ into them
+    shared: bool = False  # several steps of this level write some of the same items
+
+    @property
+    def L(self) -> tuple[int, ...]:
+        return self.sizes[: self.form.n_free]
+
+    @property
+    def K(self) -> tuple[int, ...]:
+        return self.sizes[self.form.n_free:]
+
+
+@dataclass
+class Plan:
+    """Everything a run at one set of input sizes needs."""
+
+    shapes: dict[str, tuple[int, ...]]  # per input
+    boxes: dict[str, Space]  # per chart
+    layouts: dict[str, list[tuple[int, ...]]]  # per chart: dimension orders, outermost first
+    keys: dict[str, list[str]]  # per chart: buffer key per layout
+    levels: list[list[Step]]  # per level, in order: its steps (strata, then program order)
+    goal: list[Step]  # the goal's steps
+    lengths: np.ndarray  # the values of n the goal is defined at (one 0 without n)
+    size: dict[str, int] = field(default_factory=dict)  # buffer key -> number of positions
+
+    def key_size(self, key: str) -> int:
+        return self.size[key]
+
+
+def _strides(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[int]:
+    """Per box dimension, its stride in the layout ``perm`` (dimensions outermost first)."""
+    out = [0] * len(shape)
+    acc = 1
+    for d in reversed(perm):
+        out[d] = acc
+        acc *= shape[d]
+    return out
+
+
+def layouts(rules: list[Rule], charts: dict[str, int], summed: dict[int, list[str]]) -> dict[str, list[tuple[int, ...]]]:
+    """Per chart, one or two dimension orders: one with the dimension that most reads advance
+    along (over their innermost summed variable) innermost, and one for the next such dimension."""
+    weight: dict[str, dict[int, int]] = {c: {} for c in charts}
+    for i, r in enumerate(rules):
+        if not summed[i]:
+            continue
+        inner = summed[i][-1]
+        for t in r.terms:
+            if t.name in charts:
+                moved = [d for d, ix in enumerate(t.indices) if isinstance(ix, Affine) and abs(coeff(ix, inner)) == 1]
+                if len(moved) == 1:
+                    weight[t.name][moved[0]] = weight[t.name].get(moved[0], 0) + 1
+    out = {}
+    for c, rank in charts.items():
+        dims = sorted(weight[c], key=lambda d: (-weight[c][d], d))[:2]
+        out[c] = [tuple(d for d in range(rank) if d != k) + (k,) for k in dims] or [tuple(range(rank))]
+    return out
+
+
+def summed_variables(rule: Rule) -> list[str]:
+    head = rule.head.variables
+    return [v for v in dict.fromkeys([r.var for r in rule.ranges] + sorted(rule.variables - head, key=str(rule).find)) if v not in head]
+
+
+def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, tuple[int, ...]],
+          chart_layouts: dict[str, list[tuple[int, ...]]]) -> Plan:
+    """The plan at these input sizes (raises :class:`Unsupported` where it cannot express them)."""
+    labels = label_dims(rules, syntax)
+    boxes = _extents(rules, syntax, shapes, labels)
+    charts = {r.head.name: len(r.head.indices) for r in rules}
+    for c, rank in charts.items():
+        boxes.setdefault(c, Space([0] * rank, [-1] * rank))
+    for rule in rules:
+        if boxes[rule.head.name].size == 0:  # an empty chart: is an index of this head free?
+            box = _bounds(rule, shapes, {c: sp for c, sp in boxes.items() if c != rule.head.name}, labels)
+            free = [v for v in sorted(rule.head.variables) if not all(map(math.isfinite, box[v]))]
+            if free:
+                raise rule.error(f"cannot bound the index variable '{free[0]}': no input, chart extent, "
+                                 "'for' range or condition limits it", rule.head.col)
+    boxes = _written(rules, syntax, shapes, boxes, labels)
+    keys = {c: [c if k == 0 else f"{c}@{k}" for k in range(len(chart_layouts[c]))] for c in charts}
+    size = {key: boxes[c].size for c in charts for key in keys[c]}
+    size.update({name: int(np.prod(s, dtype=np.int64)) for name, s in shapes.items()})
+    forms = [f for i, rule in enumerate(rules)
+             if (f := _form(i, rule, syntax, levels, shapes, boxes, chart_layouts, keys, size)) is not None]
+    leveled = [f for f in forms if f.chart != GOAL]
+    taus = np.unique(np.concatenate([f.levels for f in leveled])) if leveled else np.zeros(0, dtype=np.int64)
+    rank = {c: k for k, c in enumerate(levels.strata)}
+    leveled.sort(key=lambda f: (rank[f.chart], f.index))
+    steps: list[list[Step]] = []
+    for tau in taus:
+        here = []
+        for f in leveled:
+            j = np.searchsorted(f.levels, tau)
+            if j < f.levels.size and f.levels[j] == tau:
+                here.append(f.at(int(j)))
+        steps.append(_writers(here))
+    goal = _writers([f.at(0) for f in forms if f.chart == GOAL])
+    if syntax.uses_length:
+        box = boxes[GOAL]
+        lengths = np.arange(box.lo[0], box.hi[0] + 1) if box.size else np.zeros(0, dtype=np.int64)
+    else:
+        lengths = np.zeros(1 if goal else 0, dtype=np.int64)
+    if not goal:
+        lengths = np.zeros(0, dtype=np.int64)
+    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, size)
+
+
+def _written(rules: list[Rule], syntax: Syntax, shapes, boxes: dict[str, Space], labels, sweeps: int = 8) -> dict[str, Space]:
+    """Per chart, the hull of the items its rules write, reading only items written (a decreasing
+    iteration from the hull of every read and write): what lies outside is never defined, so a
+    buffer need not hold it and a rule's box need not reach it."""
+    for _ in range(sweeps):
+        hulls: dict[str, list[list[float]]] = {c: [[math.inf, -math.inf] for _ in sp.lo] for c, sp in boxes.items()}
+        for rule in rules:
+            box = _propagate(rule, _constraints(rule, shapes, boxes, labels))
+            if any(lo > hi for lo, hi in box.values()):
+                continue
+            h = hulls[rule.head.name]
+            for d, ix in enumerate(rule.head.indices):
+                lo, hi = _index_hull(ix, box, syntax)
+                h[d] = [min(lo, h[d][0]), max(hi, h[d][1])]
+        new = {c: Space([int(lo) for lo, _ in h], [int(hi) for _, hi in h]) if all(lo <= hi for lo, hi in h)
+               else Space([0] * len(h), [-1] * len(h)) for c, h in hulls.items()}
+        if new == boxes:
+            break
+        boxes = new
+    return boxes
+
+
+def _writers(steps: list[Step]) -> list[Step]:
+    """Mark the steps of one level that write items an earlier one wrote (by the heads' constants)."""
+    for j, step in enumerate(steps):
+        for other in steps[:j]:
+            if other.form.chart == step.form.chart and _overlap(other.form.labels, step.form.labels):
+                step.accumulate = step.shared = other.shared = True
+    return steps
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    """Whether two heads with these constants (None: a variable) can name the same item."""
+    return all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
+def _form(i: int, rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str, Space],
+          chart_layouts, keys, size) -> Form | None:
+    """The rule at every level it fires at, or None where it never does at these sizes."""
+    code = syntax.constants
+    cons: list[Affine] = static_constraints(rule, syntax)
+    for t in (rule.head, *rule.terms):
+        if t.is_one:
+            continue
+        if t.name in shapes:
+            bounds = [(0, s - 1) for s in shapes[t.name]]
+        else:
+            sp = boxes[t.name]
+            bounds = list(zip(sp.lo, sp.hi))
+        for ix, (lo, hi) in zip(t.indices, bounds):
+            if isinstance(ix, Const):
+                if not lo <= code[ix.name] <= hi:
+                    if t.name in shapes:
+                        raise rule.error(f"input {t.name!r} has {hi + 1} entries in this dimension; the constant "
+                                         f"{ix.name} needs {code[ix.name] + 1}", t.col)
+                    return None
+                continue
+            cons += [ix.shifted(-lo), scale(ix, -1).shifted(hi)]
+    head = rule.head
+    head_vars = list(dict.fromkeys(v for ix in head.indices for v in sorted(ix.variables)))
+    summed = summed_variables(rule)
+    unequal = [plus(c.left, c.right, -1) for c in rule.conds if c.op == "!="]
+    indices = {id(t): list(t.indices) for t in (head, *rule.terms)}
+    if head.name != GOAL:
+        level = levels.of(head.name, head.indices)
+        pinned = next((v for v in head_vars if abs(coeff(level, v)) == 1), None)
+        if pinned is None:  # every item at one level
+            cons += [plus(affine({TAU: 1}), level, -1), plus(level, affine({TAU: 1}), -1)]
+        else:
+            c = coeff(level, pinned)
+            solved = scale(plus(affine({TAU: 1}), plus(level, affine({pinned: c}), -1), -1), c)  # c = ±1
+            cons = [substitute(e, pinned, solved) for e in cons]
+            unequal = [substitute(e, pinned, solved) for e in unequal]
+            for k in indices:
+                indices[k] = [ix if isinstance(ix, Const) else substitute(ix, pinned, solved) for ix in indices[k]]
+            head_vars.remove(pinned)
+    order = head_vars + summed
+    order += sorted({v for e in cons + unequal for v, _ in e.coeffs} - set(order) - {TAU})  # in conditions only: summed
+    try:
+        taus = _tau_range(cons) if head.name != GOAL else np.zeros(1, dtype=np.int64)
+    except Infeasible:
+        return None
+    if taus is None:
+        raise rule.error("cannot bound the level of this rule's items")
+    if taus.size == 0:
+        return None
+    sizes: list[np.ndarray] = []
+    value: dict[str, Expr] = {}  # variable -> its base plus its coordinate
+
+    def to_expr(a: Affine) -> Expr:
+        out = Expr({}, np.full(taus.shape, a.const, dtype=np.int64) + coeff(a, TAU) * taus)
+        for v, k in a.coeffs:
+            if v != TAU:
+                out = out.add(value[v], k)
+        return out
+
+    try:
+        for j, v in enumerate(order):
+            proj = project(cons, {TAU, *order[: j + 1]})
+            lo_n, hi_n = bounds_of(project(proj, {TAU, v}), v)
+            if not lo_n or not hi_n:
+                raise rule.error(f"cannot bound the index variable '{v}': no input, chart extent, 'for' range or condition limits it")
+            lo = np.max([_ceil(to_expr(r).const, a) for r, a in lo_n], axis=0)
+            hi = np.min([_floor(to_expr(r).const, a) for r, a in hi_n], axis=0)
+            lower, upper = bounds_of(proj, v)
+            relational = [to_expr(r) for r, a in lower if a == 1 and set(dict(r.coeffs)) - {TAU}]
+            base = next((g for g in relational if (g.low(sizes) >= lo).all()
+                         and all((g.add(o, -1).low(sizes) >= 0).all() for o in relational if o is not g)), Expr({}, lo))
+            tops = [Expr({}, hi)] + [to_expr(r) for r, a in upper if a == 1 and set(dict(r.coeffs)) - {TAU}]
+            span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
+            sizes.append(np.maximum(span + 1, 0))
+            value[v] = base.add(Expr({j: 1}, np.zeros_like(taus)))
+    except Infeasible:
+        return None
+    fires = np.all([s > 0 for s in sizes], axis=0) if sizes else np.ones(taus.shape, dtype=bool)
+    checks = [to_expr(e) for e in cons]
+    for e in checks:
+        if not e.coeffs:
+            fires &= e.const >= 0
+    if not fires.any():
+        return None
+    n_free = len(head_vars)
+
+    def position(t: Term, layout: tuple[int, ...], key: str) -> Read:
+        if t.name in shapes:
+            shape, lo = shapes[t.name], [0] * len(shapes[t.name])
+        else:
+            shape, lo = boxes[t.name].shape, boxes[t.name].lo
+        st = _strides(shape, layout)
+        offset = np.zeros(taus.shape, dtype=np.int64)
+        strides = [0] * len(order)
+        outside = np.zeros(taus.shape, dtype=bool)
+        for d, ix in enumerate(indices[id(t)]):
+            e = Expr({}, np.full(taus.shape, code[ix.name], dtype=np.int64)) if isinstance(ix, Const) else to_expr(ix)
+            offset = offset + st[d] * (e.const - lo[d])
+            for c, a in e.coeffs.items():
+                strides[c] += st[d] * a
+            outside |= (e.low(sizes) < lo[d]) | (e.high(sizes) > lo[d] + shape[d] - 1)
+        if any(s < 0 for s in strides):
+            outside[:] = True
+        return Read(key, offset, tuple(strides), outside, size[key])
+
+    reads: list[Read | None] = []
+    inner = order[-1] if len(order) > n_free else None
+    for t in rule.terms:
+        if t.is_one:
+            reads.append(None)
+        elif t.name in shapes:
+            reads.append(position(t, tuple(range(len(shapes[t.name]))), t.name))
+        else:
+            perms, which = chart_layouts[t.name], 0
+            if inner is not None:
+                moved = [d for d, ix in enumerate(indices[id(t)]) if isinstance(ix, Affine) and abs(coeff(ix, inner)) == 1]
+                which = next((k for k, p in enumerate(perms) if moved and p[-1] == moved[0]), 0)
+            reads.append(position(t, perms[which], keys[t.name][which]))
+    heads = [position(head, perm, key) for perm, key in zip(chart_layouts[head.name], keys[head.name])]
+    keep = np.flatnonzero(fires)
+    if any(h.gather[keep].any() or any(h.strides[n_free:]) for h in heads):
+        raise Unsupported(f"line {rule.line}: the items this rule writes do not form a box")
+    for rd in [*reads, *heads]:
+        if rd is not None:
+            rd.offset, rd.gather = rd.offset[keep], rd.gather[keep]
+    masks = [(Expr(e.coeffs, e.const[keep]), ">=") for e in checks if e.coeffs]
+    masks += [(Expr(e.coeffs, e.const[keep]), "!=") for e in map(to_expr, unequal)]
+    return Form(rule, i, head.name, taus[keep], n_free, [s[keep] for s in sizes], reads, heads, masks, rule.outer)
+
+
+def _ceil(x: np.ndarray, a: int) -> np.ndarray:
+    return -((-x) // a)
+
+
+def _floor(x: np.ndarray, a: int) -> np.ndarray:
+    return x // a
+
+
+def _tau_range(cons: list[Affine]) -> np.ndarray | None:
+    """The levels at which the constraints can hold (None: unbounded)."""
+    only = project(cons, {TAU})
+    lo, hi = bounds_of(only, TAU)
+    if not lo or not hi:
+        return None
+    a = max(math.ceil(r.const / k) for r, k in lo)
+    b = min(math.floor(r.const / k) for r, k in hi)
+    return np.arange(a, b + 1, dtype=np.int64)
