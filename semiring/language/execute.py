@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from .plan import Plan, Read, Step
+from .plan import Plan, Step, View
 from .syntax import GOAL
 
 
@@ -34,15 +34,13 @@ class Run:
 
     # ------------------------------------------------------------ reading and writing
 
-    def view(self, src: Tensor, rd: Read, step: Step, upto: int | None = None) -> Tensor:
-        """The term ``rd`` at ``step``'s level, ``[*, B, *coords]`` (the first ``upto`` coordinates only)."""
-        sizes, strides = step.sizes[:upto], rd.strides[:upto]
-        i = step.i
-        offset = int(rd.offset[i])
-        if not rd.gather[i]:
-            return src.as_strided((*src.shape[:-1], *sizes), (*src.stride()[:-1], *strides), src.storage_offset() + offset)
-        pos = self.positions(offset, strides, sizes, src.device).clamp(0, rd.bound - 1)
-        return src.index_select(-1, pos.reshape(-1)).reshape(*src.shape[:-1], *sizes)
+    @staticmethod
+    def view(src: Tensor, v: View) -> Tensor:
+        """The positions of ``v`` in ``src [*, B, positions]``: ``[*, B, *v.sizes]``."""
+        if not v.gather:
+            return src.as_strided((*src.shape[:-1], *v.sizes), (*src.stride()[:-1], *v.strides), src.storage_offset() + v.offset)
+        pos = Run.positions(v.offset, v.strides, v.sizes, src.device).clamp(0, v.bound - 1)
+        return src.index_select(-1, pos.reshape(-1)).reshape(*src.shape[:-1], *v.sizes)
 
     @staticmethod
     def positions(offset: int, strides, sizes, device) -> Tensor:
@@ -64,18 +62,15 @@ class Run:
             out = m if out is None else out & m
         return out
 
-    def heads(self, step: Step) -> list[Read]:
-        return step.form.heads
-
     # ------------------------------------------------------------ one step, any semiring
 
     def compute(self, step: Step, read, like: Tensor) -> Tensor:
         """The step's items ``[*, B, *L]``: ⊕ over the K coordinates of the ⊗ of its terms;
-        ``read(rd, upto)`` gives a term's view."""
+        ``read(v)`` gives a term's view."""
         sr, form = self.semiring, step.form
         n = len(step.sizes)
         first_outer = len(form.reads) - form.outer
-        vals = [read(rd, None) for rd in form.reads[:first_outer] if rd is not None]
+        vals = [read(v) for v in step.reads[:first_outer] if v is not None]
         if vals:
             p = vals[0]
             for v in vals[1:]:
@@ -89,17 +84,17 @@ class Run:
         k = len(step.K)
         if k:
             p = sr.sum(p.reshape(*p.shape[: p.dim() - k], -1), -1)
-        for rd in form.reads[first_outer:]:
-            if rd is not None:
-                p = sr.times(p, read(rd, form.n_free))
+        for v in step.reads[first_outer:]:
+            if v is not None:
+                p = sr.times(p, read(v))
         return p.expand(*p.shape[: self.lead], self.batch, *step.L)
 
     def write(self, buffers: dict[str, Tensor], step: Step, value: Tensor, plus=None) -> None:
         """The step's items into every layout of its chart (⊕ into them with ``plus`` where earlier
         steps of the level wrote some)."""
         plus = plus or self.semiring.plus
-        for rd in step.form.heads:
-            dst = self.view(buffers[rd.source], rd, step, step.form.n_free)
+        for v in step.heads:
+            dst = self.view(buffers[v.source], v)
             if step.accumulate:
                 dst.copy_(plus(dst, value))
             else:
@@ -151,7 +146,7 @@ class Run:
             for step in steps:
                 value = manual.step(self, step, buf) if manual else None
                 if value is None:
-                    value = self.compute(step, lambda rd, upto: self.view(buf[rd.source], rd, step, upto), like)
+                    value = self.compute(step, lambda v: self.view(buf[v.source], v), like)
                 self.write(buf, step, value, manual.plus if manual else None)
         return self.select_goal(buf[GOAL]), buf
 
@@ -173,49 +168,44 @@ class Run:
 
     def item_gradient(self, step: Step, grads: dict[str, Tensor]) -> Tensor:
         """The gradient of the step's items: the sum over the layouts their readers added into."""
-        heads = step.form.heads
-        g = self.view(grads[heads[0].source], heads[0], step, step.form.n_free)
-        for rd in heads[1:]:
-            g = g + self.view(grads[rd.source], rd, step, step.form.n_free)
+        g = self.view(grads[step.heads[0].source], step.heads[0])
+        for v in step.heads[1:]:
+            g = g + self.view(grads[v.source], v)
         return g
 
-    def add(self, grads: dict[str, Tensor], rd: Read, step: Step, g: Tensor, upto: int | None = None) -> None:
-        """``grads[rd.source][positions of rd] += g``, repeated positions accumulated; ``g`` may
+    @staticmethod
+    def add(grads: dict[str, Tensor], v: View, g: Tensor) -> None:
+        """``grads[v.source][positions of v] += g``, repeated positions accumulated; ``g`` may
         have a larger batch than the source (a batch of 1 is shared: summed over)."""
-        dst = grads[rd.source]
+        dst = grads[v.source]
         lead = dst.dim() - 1
-        sizes, strides = step.sizes[:upto], rd.strides[:upto]
         if g.shape[:lead] != dst.shape[:lead]:
             g = g.sum([i for i in range(lead) if dst.shape[i] == 1 and g.shape[i] != 1], keepdim=True)
-        g = g.expand(*g.shape[:lead], *sizes)
-        broad = [lead + i for i, s in enumerate(strides) if s == 0 and sizes[i] > 1]
-        if broad:
-            g = g.sum(broad, keepdim=True)
-        shape = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
-        if not rd.gather[step.i] and _injective(strides, shape):
-            view = dst.as_strided((*dst.shape[:-1], *shape), (*dst.stride()[:-1], *strides), dst.storage_offset() + int(rd.offset[step.i]))
-            view.add_(g)
+        n = len(v.sizes)
+        if g.dim() - lead < n or any(g.shape[lead + d] != v.sizes[d] for d in range(n) if v.narrow[d] > 1):
+            g = g.expand(*g.shape[:lead], *v.sizes)
+        if v.broad:
+            g = g.sum([lead + d for d in v.broad], keepdim=True)
+        if v.injective:
+            dst.as_strided((*dst.shape[:-1], *v.narrow), (*dst.stride()[:-1], *v.strides), dst.storage_offset() + v.offset).add_(g)
             return
-        pos = self.positions(int(rd.offset[step.i]), strides, shape, dst.device)
-        inside = (pos >= 0) & (pos < rd.bound)
-        g = torch.where(inside, g, 0)
-        dst.index_add_(-1, pos.clamp(0, rd.bound - 1).reshape(-1), g.reshape(*g.shape[:lead], -1))
+        pos = Run.positions(v.offset, v.strides, v.narrow, dst.device)
+        g = torch.where((pos >= 0) & (pos < v.bound), g, 0)
+        dst.index_add_(-1, pos.clamp(0, v.bound - 1).reshape(-1), g.expand(*g.shape[:lead], *v.narrow).reshape(*g.shape[:lead], -1))
 
     def _autograd_vjp(self, steps: list[Step], buf, grads) -> None:
         """Recompute one level under a local autograd graph and add its gradients to the buffers."""
-        leaves: list[tuple[Read, Step, int | None, Tensor]] = []
+        leaves: list[tuple[View, Tensor]] = []
         like = next(iter(buf.values()))
 
-        def reader(step):
-            def read(rd, upto):
-                t = self.view(buf[rd.source], rd, step, upto).detach().requires_grad_()
-                leaves.append((rd, step, upto, t))
-                return t
-            return read
+        def read(v: View) -> Tensor:
+            t = self.view(buf[v.source], v).detach().requires_grad_()
+            leaves.append((v, t))
+            return t
 
         outs = []
         with torch.enable_grad():
-            values = [self.compute(step, reader(step), like) for step in steps]
+            values = [self.compute(step, read, like) for step in steps]
             accumulating = {s.form.chart for s in steps if s.shared}
             flat: dict[str, tuple[Tensor, Tensor]] = {}  # chart -> (its items ⊕-combined, their gradient)
             for step, v in zip(steps, values):
@@ -226,27 +216,25 @@ class Run:
                 if chart not in flat:  # items several steps write: ⊕ them in a level-local chart
                     flat[chart] = (self.semiring.zero(buf[chart].shape[self.lead:], like), torch.zeros_like(grads[chart]))
                 f, g = flat[chart]
-                rd = step.form.heads[0]
-                g.as_strided((*g.shape[:-1], *step.L), (*g.stride()[:-1], *rd.strides[: step.form.n_free]), int(rd.offset[step.i])) \
-                    .copy_(self.item_gradient(step, grads))
-                flat[chart] = (self.put(f, rd, step, v, accumulate=True), g)
+                self.view(g, step.heads[0]).copy_(self.item_gradient(step, grads))
+                flat[chart] = (self.put(f, step.heads[0], v, accumulate=True), g)
             outs += list(flat.values())
         outs = [(v, g) for v, g in outs if v.requires_grad]
         if not outs or not leaves:
             return
-        found = torch.autograd.grad([v for v, _ in outs], [t for *_, t in leaves], [g for _, g in outs], allow_unused=True)
-        for (rd, step, upto, _), g in zip(leaves, found):
+        found = torch.autograd.grad([v for v, _ in outs], [t for _, t in leaves], [g for _, g in outs], allow_unused=True)
+        for (v, _), g in zip(leaves, found):
             if g is not None:
-                self.add(grads, rd, step, g, upto)
+                self.add(grads, v, g)
 
     # ------------------------------------------------------------ functional: plain autograd
 
-    def put(self, buf: Tensor, rd: Read, step: Step, value: Tensor, accumulate: bool) -> Tensor:
+    def put(self, buf: Tensor, v: View, value: Tensor, accumulate: bool) -> Tensor:
         """``buf`` with the step's items written (⊕-combined with what is there if ``accumulate``),
         out of place: differentiable (an index copy: torch's strided scatter double-counts the
         gradient of what it overwrites when that was read)."""
-        L = step.L
-        pos = self.positions(int(rd.offset[step.i]), rd.strides[: step.form.n_free], L, buf.device).reshape(-1)
+        L = v.sizes
+        pos = self.positions(v.offset, v.strides, L, buf.device).reshape(-1)
         if accumulate:
             value = self.semiring.plus(buf.index_select(-1, pos).reshape(*buf.shape[:-1], *L), value)
         value = value.expand(*buf.shape[:-1], *L)
@@ -259,21 +247,10 @@ class Run:
         buf.update(self.buffers(like))
         for _, steps in self.all_steps():
             for step in steps:
-                value = self.compute(step, lambda rd, upto: self.view(buf[rd.source], rd, step, upto), like)
-                for rd in step.form.heads:
-                    buf[rd.source] = self.put(buf[rd.source], rd, step, value, step.accumulate)
+                value = self.compute(step, lambda v: self.view(buf[v.source], v), like)
+                for v in step.heads:
+                    buf[v.source] = self.put(buf[v.source], v, value, step.accumulate)
         return self.select_goal(buf[GOAL])
-
-
-def _injective(strides, shape) -> bool:
-    """Whether a strided view (no stride-0 dimension of size > 1) touches each position once."""
-    dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1)
-    reach = 0
-    for s, n in dims:
-        if s <= reach:
-            return False
-        reach += s * (n - 1)
-    return True
 
 
 def _backward_order(steps: list[Step]) -> list[list[Step]]:
@@ -297,8 +274,10 @@ class _Manual:
     def terms(run: Run, step: Step, buf) -> Tensor:
         """``Σ reads`` over the whole box ``[*, B, *coords]`` (outer terms too: broadcast over K),
         on a fresh tensor, ``-inf`` where the box holds no instance."""
-        vals = [run.view(buf[rd.source], rd, step) for rd in step.form.reads if rd is not None]
-        n = len(step.sizes)
+        n, k = len(step.sizes), len(step.K)
+        first_outer = len(step.reads) - step.form.outer
+        vals = [run.view(buf[v.source], v)[(..., *[None] * (k if j >= first_outer else 0))]
+                for j, v in enumerate(step.reads) if v is not None]
         if not vals:
             s = torch.zeros((1, *step.sizes), dtype=buf[GOAL].dtype, device=buf[GOAL].device)
         else:
@@ -323,7 +302,7 @@ class _Manual:
         if all(rd is None for rd in form.reads):
             return
         g = run.item_gradient(step, grads)
-        item = run.view(buf[form.heads[0].source], form.heads[0], step, form.n_free)
+        item = run.view(buf[step.heads[0].source], step.heads[0])
         s = self.terms(run, step, buf)
         k = len(step.K)
         flat = s.reshape(*s.shape[: s.dim() - k], -1) if k else s.unsqueeze(-1)
@@ -334,13 +313,13 @@ class _Manual:
             return
         w = w.reshape(s.shape) if k else w.squeeze(-1)
         first_outer = len(form.reads) - form.outer
-        for j, rd in enumerate(form.reads):
-            if rd is None:
+        for j, v in enumerate(step.reads):
+            if v is None:
                 continue
             if j < first_outer:
-                run.add(grads, rd, step, w)
+                run.add(grads, v, w)
             else:
-                run.add(grads, rd, step, w.sum(list(range(w.dim() - k, w.dim()))) if k else w, form.n_free)
+                run.add(grads, v, w.sum(list(range(w.dim() - k, w.dim()))) if k else w)
 
 
 def _logsumexp_(terms: Tensor, dual: bool = False) -> Tensor:
@@ -380,8 +359,8 @@ def _argmax_weights(terms: Tensor, item: Tensor, g: Tensor, shared: bool) -> Ten
 def _claim(run: Run, step: Step, grads, flat: Tensor, item: Tensor) -> None:
     """Max, several rules writing one item: the first whose best equals the item took its gradient."""
     won = flat.max(-1).values == item
-    for rd in step.form.heads:
-        view = run.view(grads[rd.source], rd, step, step.form.n_free)
+    for v in step.heads:
+        view = run.view(grads[v.source], v)
         view.masked_fill_(won.expand(view.shape), 0)
 
 

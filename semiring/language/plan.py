@@ -88,7 +88,11 @@ class Form:
         sizes = tuple(int(s[i]) for s in self.sizes)
         masks = [(e.coeffs, int(e.const[i]), op) for e, op in self.masks
                  if (op == ">=" and e.low(self.sizes)[i] < 0) or (op == "!=" and e.low(self.sizes)[i] <= 0 <= e.high(self.sizes)[i])]
-        return Step(self, sizes, masks, i)
+        first_outer = len(self.reads) - self.outer
+        reads = [None if rd is None else View.of(rd, i, sizes if j < first_outer else sizes[: self.n_free])
+                 for j, rd in enumerate(self.reads)]
+        heads = [View.of(rd, i, sizes[: self.n_free]) for rd in self.heads]
+        return Step(self, sizes, masks, i, reads, heads)
 
     @property
     def labels(self) -> tuple:
@@ -97,11 +101,48 @@ class Form:
 
 
 @dataclass
+class View:
+    """A read or write of one step: positions ``offset + Σ strides * coords`` of buffer ``source``
+    over the box ``sizes`` (a strided view, or where they may leave the buffer a clamped gather)."""
+
+    source: str
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    gather: bool
+    bound: int  # the buffer's size
+    narrow: tuple[int, ...]  # sizes, 1 where the stride is 0: what a gradient is summed down to
+    broad: tuple[int, ...]  # the coordinates the view is broadcast over (stride 0, size > 1)
+    injective: bool  # the narrowed view touches each position once (gradients add in place)
+
+    @staticmethod
+    def of(rd: Read, i: int, sizes: tuple[int, ...]) -> "View":
+        strides = rd.strides[: len(sizes)]
+        narrow = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
+        broad = tuple(d for d, (s, n) in enumerate(zip(strides, sizes)) if s == 0 and n > 1)
+        return View(rd.source, sizes, strides, int(rd.offset[i]), bool(rd.gather[i]), rd.bound, narrow, broad,
+                    not rd.gather[i] and _injective(strides, narrow))
+
+
+def _injective(strides, shape) -> bool:
+    """Whether a strided view (no stride-0 dimension of size > 1) touches each position once."""
+    dims = sorted((s, n) for s, n in zip(strides, shape) if n > 1)
+    reach = 0
+    for s, n in dims:
+        if s <= reach:
+            return False
+        reach += s * (n - 1)
+    return True
+
+
+@dataclass
 class Step:
     form: Form
     sizes: tuple[int, ...]  # per coordinate
     masks: list[tuple[dict[int, int], int, str]]
     i: int  # the level's number among the form's
+    reads: list[View | None]  # per term (outer terms over the L coordinates only)
+    heads: list[View]  # per layout of the chart
     accumulate: bool = False  # an earlier step of this level wrote some of the same items: ⊕ into them
     shared: bool = False  # several steps of this level write some of the same items
 
