@@ -276,8 +276,9 @@ class _Manual:
         on a fresh tensor, ``-inf`` where the box holds no instance."""
         n, k = len(step.sizes), len(step.K)
         first_outer = len(step.reads) - step.form.outer
-        vals = [run.view(buf[v.source], v)[(..., *[None] * (k if j >= first_outer else 0))]
-                for j, v in enumerate(step.reads) if v is not None]
+        vals = [run.view(buf[v.source], v) for v in step.reads[:first_outer] if v is not None]
+        if first_outer < len(step.reads):  # outer terms vary with the L coordinates only
+            vals += [run.view(buf[v.source], v)[(..., *[None] * k)] for v in step.reads[first_outer:] if v is not None]
         if not vals:
             s = torch.zeros((1, *step.sizes), dtype=buf[GOAL].dtype, device=buf[GOAL].device)
         else:
@@ -302,16 +303,19 @@ class _Manual:
         if all(rd is None for rd in form.reads):
             return
         g = run.item_gradient(step, grads)
-        item = run.view(buf[step.heads[0].source], step.heads[0])
-        s = self.terms(run, step, buf)
         k = len(step.K)
-        flat = s.reshape(*s.shape[: s.dim() - k], -1) if k else s.unsqueeze(-1)
-        w = self.weights(flat, item, g, step.shared)
-        if step.shared and self.claim is not None:
-            self.claim(run, step, grads, flat, item)
-        if w is None:
-            return
-        w = w.reshape(s.shape) if k else w.squeeze(-1)
+        if k or step.shared:
+            item = run.view(buf[step.heads[0].source], step.heads[0])
+            s = self.terms(run, step, buf)
+            flat = s.reshape(*s.shape[: s.dim() - k], -1) if k else s.unsqueeze(-1)
+            w = self.weights(flat, item, g, step.shared)
+            if step.shared and self.claim is not None:
+                self.claim(run, step, grads, flat, item)
+            if w is None:
+                return
+            w = w.reshape(s.shape) if k else w.squeeze(-1)
+        else:  # one instance per item: its gradient passes unchanged
+            w = g
         first_outer = len(form.reads) - form.outer
         for j, v in enumerate(step.reads):
             if v is None:
@@ -343,7 +347,7 @@ def _softmax_weights(terms: Tensor, item: Tensor, g: Tensor, shared: bool) -> Te
 def _argmax_weights(terms: Tensor, item: Tensor, g: Tensor, shared: bool) -> Tensor | None:
     """Max: ``g`` at the first maximum of each slice, where it is the item's value (with several
     rules, the first rule to reach it; :func:`_claim` then takes ``g`` from the others)."""
-    shape = torch.broadcast_shapes(terms.shape[:-1], g.shape)
+    shape = tuple(max(a, b) for a, b in zip(terms.shape[:-1], g.shape))  # same rank: [*, B, *L]
     terms, g = terms.expand(*shape, terms.shape[-1]), g.expand(shape)
     best, where = terms.max(-1)
     if shared:

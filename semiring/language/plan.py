@@ -226,8 +226,10 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     keys = {c: [c if k == 0 else f"{c}@{k}" for k in range(len(chart_layouts[c]))] for c in charts}
     size = {key: boxes[c].size for c in charts for key in keys[c]}
     size.update({name: int(np.prod(s, dtype=np.int64)) for name, s in shapes.items()})
-    forms = [f for i, rule in enumerate(rules)
-             if (f := _form(i, rule, syntax, levels, shapes, boxes, chart_layouts, keys, size)) is not None]
+    systems = {i: sy for i, rule in enumerate(rules) if (sy := _system(rule, syntax, levels, shapes, boxes)) is not None}
+    extra = _level_ranges(systems, levels)
+    forms = [f for i, sy in systems.items() if extra[i] is not None
+             and (f := _form(i, sy, extra[i], syntax, shapes, boxes, chart_layouts, keys, size)) is not None]
     leveled = [f for f in forms if f.chart != GOAL]
     taus = np.unique(np.concatenate([f.levels for f in leveled])) if leveled else np.zeros(0, dtype=np.int64)
     rank = {c: k for k, c in enumerate(levels.strata)}
@@ -249,6 +251,34 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     if not goal:
         lengths = np.zeros(0, dtype=np.int64)
     return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, size)
+
+
+def _level_ranges(systems: dict[int, System], levels: Levels, sweeps: int = 12) -> dict[int, list[Affine] | None]:
+    """Per rule, constraints that it reads every chart at the levels that chart has items at (None:
+    it never fires). A chart's box is a box, and its level a function of several indices: the box
+    holds items at levels no rule writes (Eisner's spans with t < s), and without this the rules
+    that read them would run there. A least fixpoint, from the rules that read no chart, whose
+    ranges are widened to the box where they grow (so that it takes a few sweeps, not one per level)."""
+    charts = set(levels.coeffs)
+    ranges: dict[str, tuple[float, float]] = {c: (math.inf, -math.inf) for c in charts}
+    for _ in range(sweeps):
+        extra = {i: sy.reads(levels, ranges) for i, sy in systems.items()}
+        new = {c: (math.inf, -math.inf) for c in charts}
+        for i, sy in systems.items():
+            chart = sy.rule.head.name
+            if chart in charts and extra[i] is not None:
+                taus = _levels_of(sy, extra[i])
+                if taus.size:
+                    lo, hi = new[chart]
+                    new[chart] = (min(lo, taus[0]), max(hi, taus[-1]))
+        for c in charts:  # widening: a bound that moves goes as far as the box allows
+            (lo, hi), (olo, ohi) = new[c], ranges[c]
+            if olo <= ohi:
+                new[c] = (-math.inf if lo < olo else lo, math.inf if hi > ohi else hi)
+        if new == ranges:
+            return extra
+        ranges = new
+    return {i: sy.reads(levels, ranges) for i, sy in systems.items()}
 
 
 def _written(rules: list[Rule], syntax: Syntax, shapes, boxes: dict[str, Space], labels, sweeps: int = 8) -> dict[str, Space]:
@@ -287,9 +317,36 @@ def _overlap(a: tuple, b: tuple) -> bool:
     return all(x is None or y is None or x == y for x, y in zip(a, b))
 
 
-def _form(i: int, rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str, Space],
-          chart_layouts, keys, size) -> Form | None:
-    """The rule at every level it fires at, or None where it never does at these sizes."""
+@dataclass
+class System:
+    """A rule's constraints at these sizes, its level solved for one head variable."""
+
+    rule: Rule
+    cons: list[Affine]  # each >= 0
+    unequal: list[Affine]  # each != 0
+    indices: dict[int, list]  # id(term) -> its indices, the pinned variable substituted
+    head_vars: list[str]  # the head's variables left (the L coordinates)
+    order: list[str]  # every variable, head's first
+
+    def reads(self, levels: Levels, ranges: dict[str, tuple[float, float]]) -> list[Affine] | None:
+        """Constraints that every leveled chart the rule reads is read within the levels its items
+        exist at (None: a chart read has no items)."""
+        out = []
+        for t in self.rule.terms:
+            if t.name in ranges:
+                lo, hi = ranges[t.name]
+                if lo > hi:
+                    return None
+                lv = levels.of(t.name, [ix for ix in self.indices[id(t)]])
+                if math.isfinite(lo):
+                    out.append(lv.shifted(-int(lo)))
+                if math.isfinite(hi):
+                    out.append(scale(lv, -1).shifted(int(hi)))
+        return out
+
+
+def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str, Space]) -> System | None:
+    """The rule's constraint system, or None where it has no instance at these sizes."""
     code = syntax.constants
     cons: list[Affine] = static_constraints(rule, syntax)
     for t in (rule.head, *rule.terms):
@@ -329,12 +386,29 @@ def _form(i: int, rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dic
             head_vars.remove(pinned)
     order = head_vars + summed
     order += sorted({v for e in cons + unequal for v, _ in e.coeffs} - set(order) - {TAU})  # in conditions only: summed
+    return System(rule, cons, unequal, indices, head_vars, order)
+
+
+def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
+    """The levels at which the rule can have instances."""
+    if sy.rule.head.name == GOAL:
+        return np.zeros(1, dtype=np.int64)
     try:
-        taus = _tau_range(cons) if head.name != GOAL else np.zeros(1, dtype=np.int64)
+        taus = _tau_range(sy.cons + extra)
     except Infeasible:
-        return None
+        return np.zeros(0, dtype=np.int64)
     if taus is None:
-        raise rule.error("cannot bound the level of this rule's items")
+        raise sy.rule.error("cannot bound the level of this rule's items")
+    return taus
+
+
+def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, boxes: dict[str, Space],
+          chart_layouts, keys, size) -> Form | None:
+    """The rule at every level it fires at, or None where it never does at these sizes."""
+    code = syntax.constants
+    rule, head, cons, unequal, indices = sy.rule, sy.rule.head, sy.cons + extra, sy.unequal, sy.indices
+    head_vars, order = sy.head_vars, sy.order
+    taus = _levels_of(sy, extra)
     if taus.size == 0:
         return None
     sizes: list[np.ndarray] = []
