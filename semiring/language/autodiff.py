@@ -26,7 +26,7 @@ class Tape(torch.autograd.Function):
         ctx.run = run
         ctx.save_for_backward(*elements)
         with torch.no_grad():
-            out, ctx.buffers = run.forward([e.detach() for e in elements])
+            out, ctx.buffers = run.forward([e.detach() for e in elements], keep=any(ctx.needs_input_grad))
         return out
 
     @staticmethod

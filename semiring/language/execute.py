@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from .plan import Plan, Step, View
+from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
 
 
@@ -136,13 +136,46 @@ class Run:
 
     # ------------------------------------------------------------ forward, in place
 
-    def forward(self, elements: list[Tensor], dual: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
-        """Every level into the buffers: (goal ``[*, B]``, the buffers with the inputs)."""
+    def scans(self, dual: bool) -> dict[int, Scan]:
+        """The plan's runs of chain levels, where the semiring has a fused scan (and not on dual
+        tensors: its nodes have no forward-mode derivative)."""
+        return {} if dual or type(self.semiring).scan is Semiring.scan else self.plan.scans
+
+    def scan(self, scan: Scan, read) -> Tensor:
+        """A run of chain levels: ``[*, B, T, L]``."""
+        xs = read(scan.matrix)
+        if scan.matrix.strides[0] == 0 and xs.shape[self.lead] == 1:
+            xs = xs.narrow(-3, 0, 1)  # one matrix for every level and example
+        return self.semiring.scan(read(scan.init), xs, None if scan.unary is None else read(scan.unary))
+
+    def forward(self, elements: list[Tensor], dual: bool = False, keep: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+        """Every level into the buffers: (goal ``[*, B]``, the buffers with the inputs). ``keep``:
+        keep what the backward of fused scans needs (their graphs)."""
         like = elements[0] if elements else torch.zeros(0)
         buf = self.sources(elements)
         buf.update(self.buffers(like))
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
-        for _, steps in self.all_steps():
+        scans, self.kept, skip = self.scans(dual), {}, 0
+        for lev, steps in self.all_steps():
+            if lev < skip:
+                continue
+            if lev in scans:
+                scan, skip = scans[lev], scans[lev].stop
+                leaves = []
+
+                def read(v: View) -> Tensor:
+                    t = self.view(buf[v.source], v)
+                    if keep:  # (a chart's items are copied: the buffer changes before the backward)
+                        t = (t.detach() if v.source in self.plan.shapes else t.clone()).requires_grad_()
+                        leaves.append((v, t))
+                    return t
+
+                with torch.set_grad_enabled(keep):
+                    alphas = self.scan(scan, read)
+                for v in scan.heads:
+                    self.view(buf[v.source], v).copy_(alphas)
+                self.kept[lev] = (alphas, leaves)
+                continue
             for step in steps:
                 value = manual.step(self, step, buf) if manual else None
                 if value is None:
@@ -157,7 +190,23 @@ class Run:
         grads = {key: torch.zeros_like(x) for key, x in buf.items()}
         grads[GOAL] = self.goal_gradient(buf[GOAL], grad)
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
-        for _, steps in reversed(list(self.all_steps())):
+        ends = {scan.stop - 1: scan for scan in self.scans(dual).values()}
+        skip = math.inf
+        for lev, steps in reversed(list(self.all_steps())):
+            if lev >= skip:
+                continue
+            if lev in ends:
+                scan = ends[lev]
+                skip = scan.start
+                alphas, leaves = self.kept[scan.start]
+                g = self.view(grads[scan.heads[0].source], scan.heads[0])
+                for v in scan.heads[1:]:
+                    g = g + self.view(grads[v.source], v)
+                found = torch.autograd.grad(alphas, [t for _, t in leaves], g, allow_unused=True, retain_graph=True)
+                for (v, _), gv in zip(leaves, found):
+                    if gv is not None:
+                        self.add(grads, v, gv)
+                continue
             for group in _backward_order(steps):
                 if manual:
                     for step in group:
@@ -245,7 +294,16 @@ class Run:
         like = elements[0] if elements else torch.zeros(0)
         buf = self.sources(elements)
         buf.update(self.buffers(like))
-        for _, steps in self.all_steps():
+        scans, skip = self.scans(False), 0
+        for lev, steps in self.all_steps():
+            if lev < skip:
+                continue
+            if lev in scans:
+                scan, skip = scans[lev], scans[lev].stop
+                alphas = self.scan(scan, lambda v: self.view(buf[v.source], v))
+                for v in scan.heads:
+                    buf[v.source] = self.put(buf[v.source], v, alphas, False)
+                continue
             for step in steps:
                 value = self.compute(step, lambda v: self.view(buf[v.source], v), like)
                 for v in step.heads:

@@ -82,12 +82,12 @@ class Form:
     heads: list[Read]  # per layout of the chart: where the items go
     masks: list[tuple[Expr, str]]  # (form, op): an instance is real where form >= 0 (op ">=") or != 0 ("!=")
     outer: int  # the last ``outer`` terms are ⊗-multiplied after the ⊕
+    needed: list[np.ndarray] = field(default_factory=list)  # per mask, per level: whether the box holds instances it excludes
 
     def at(self, i: int) -> "Step":
         """The step at the rule's ``i``-th level."""
         sizes = tuple(int(s[i]) for s in self.sizes)
-        masks = [(e.coeffs, int(e.const[i]), op) for e, op in self.masks
-                 if (op == ">=" and e.low(self.sizes)[i] < 0) or (op == "!=" and e.low(self.sizes)[i] <= 0 <= e.high(self.sizes)[i])]
+        masks = [(e.coeffs, int(e.const[i]), op) for (e, op), needed in zip(self.masks, self.needed) if needed[i]]
         first_outer = len(self.reads) - self.outer
         reads = [None if rd is None else View.of(rd, i, sizes if j < first_outer else sizes[: self.n_free])
                  for j, rd in enumerate(self.reads)]
@@ -117,11 +117,13 @@ class View:
 
     @staticmethod
     def of(rd: Read, i: int, sizes: tuple[int, ...]) -> "View":
-        strides = rd.strides[: len(sizes)]
+        return View.strided(rd.source, sizes, rd.strides[: len(sizes)], int(rd.offset[i]), rd.bound, bool(rd.gather[i]))
+
+    @staticmethod
+    def strided(source: str, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool = False) -> "View":
         narrow = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
         broad = tuple(d for d, (s, n) in enumerate(zip(strides, sizes)) if s == 0 and n > 1)
-        return View(rd.source, sizes, strides, int(rd.offset[i]), bool(rd.gather[i]), rd.bound, narrow, broad,
-                    not rd.gather[i] and _injective(strides, narrow))
+        return View(source, sizes, strides, offset, gather, bound, narrow, broad, not gather and _injective(strides, narrow))
 
 
 def _injective(strides, shape) -> bool:
@@ -156,6 +158,19 @@ class Step:
 
 
 @dataclass
+class Scan:
+    """Levels ``start..stop-1`` of a chain, ``chart[τ, l] = (⊕_k chart[τ-1, k] ⊗ matrix[τ, k, l]) ⊗
+    unary[τ, l]``, run as one :meth:`~semiring.semirings.Semiring.scan`: the views span the levels."""
+
+    start: int
+    stop: int
+    init: View  # [K]: the items of level start-1
+    matrix: View  # [T, K, L] (T of stride 0: one matrix for every level)
+    unary: View | None  # [T, L]
+    heads: list[View]  # [T, L] per layout of the chart
+
+
+@dataclass
 class Plan:
     """Everything a run at one set of input sizes needs."""
 
@@ -167,6 +182,7 @@ class Plan:
     goal: list[Step]  # the goal's steps
     lengths: np.ndarray  # the values of n the goal is defined at (one 0 without n)
     size: dict[str, int] = field(default_factory=dict)  # buffer key -> number of positions
+    scans: dict[int, Scan] = field(default_factory=dict)  # first level -> a run of chain levels
 
     def key_size(self, key: str) -> int:
         return self.size[key]
@@ -250,7 +266,71 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
         lengths = np.zeros(1 if goal else 0, dtype=np.int64)
     if not goal:
         lengths = np.zeros(0, dtype=np.int64)
-    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, size)
+    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, size, _scans(steps, shapes))
+
+
+def _chain(step: Step, shapes) -> tuple[View, View, View | None] | None:
+    """(row, matrix, unary) where ``step`` is ``chart[l] = (⊕_k row[k] ⊗ matrix[k, l]) ⊗ unary[l]``,
+    row read from the step's own chart; None otherwise."""
+    f = step.form
+    if step.masks or step.shared or f.n_free != 1 or len(step.K) != 1 or any(v is None or v.gather for v in step.reads):
+        return None
+    first_outer = len(step.reads) - f.outer
+    inner, outer = step.reads[:first_outer], step.reads[first_outer:]
+    rows = [v for v in inner if v.source not in shapes and v.strides[0] == 0 and v.strides[1]]
+    mats = [v for v in inner if v.source in shapes and v.strides[0] and v.strides[1]]
+    if len(inner) != 2 or len(rows) != 1 or len(mats) != 1 or len(outer) > 1 or rows[0].source.split("@")[0] != f.chart:
+        return None
+    if outer and (outer[0].source not in shapes or not outer[0].strides[0]):
+        return None
+    return rows[0], mats[0], outer[0] if outer else None
+
+
+def _scans(levels: list[list[Step]], shapes) -> dict[int, Scan]:
+    """Maximal runs of two or more consecutive chain levels of one rule, each reading the whole
+    previous level, with sizes and level-to-level strides that do not change."""
+    out: dict[int, Scan] = {}
+    lev = 1
+    while lev < len(levels):
+        start = lev
+        while lev < len(levels) and _reads_previous(levels, lev, shapes) and (
+                lev == start or (levels[lev][0].form is levels[start][0].form and levels[lev][0].sizes == levels[start][0].sizes)):
+            lev += 1
+        if lev - start >= 2 and _uniform([lv[0] for lv in levels[start:lev]], shapes):
+            out[start] = _scan(levels, start, lev, shapes)
+        lev = max(lev, start + 1)
+    return out
+
+
+def _reads_previous(levels: list[list[Step]], lev: int, shapes) -> bool:
+    """Whether level ``lev`` is one chain step whose row is the whole previous level, one step too."""
+    if len(levels[lev]) != 1 or len(levels[lev - 1]) != 1:
+        return False
+    step, prev = levels[lev][0], levels[lev - 1][0]
+    parts = _chain(step, shapes)
+    if parts is None or prev.form.chart != step.form.chart:
+        return False
+    row = parts[0]
+    written = next((h for h in prev.heads if h.source == row.source), None)
+    return written is not None and (written.offset, written.strides, written.sizes) == (row.offset, row.strides[1:], row.sizes[1:])
+
+
+def _uniform(steps: list[Step], shapes) -> bool:
+    """Whether every view of the steps moves by the same offset from one level to the next."""
+    parts = [_chain(s, shapes) for s in steps]
+    views = [[p[1] for p in parts], *([[p[2] for p in parts]] if parts[0][2] else []), *zip(*[s.heads for s in steps])]
+    return all(len(set(np.diff([v.offset for v in vs]).tolist())) == 1 for vs in views)
+
+
+def _scan(levels: list[list[Step]], start: int, stop: int, shapes) -> Scan:
+    first, second = levels[start][0], levels[start + 1][0]
+    (row, mat, unary), (_, mat2, unary2) = _chain(first, shapes), _chain(second, shapes)
+    T, (L, K) = stop - start, first.sizes
+    init = View.strided(row.source, (K,), (row.strides[1],), row.offset, row.bound)
+    matrix = View.strided(mat.source, (T, K, L), (mat2.offset - mat.offset, mat.strides[1], mat.strides[0]), mat.offset, mat.bound)
+    uv = None if unary is None else View.strided(unary.source, (T, L), (unary2.offset - unary.offset, unary.strides[0]), unary.offset, unary.bound)
+    heads = [View.strided(h.source, (T, L), (h2.offset - h.offset, h.strides[0]), h.offset, h.bound) for h, h2 in zip(first.heads, second.heads)]
+    return Scan(start, stop, init, matrix, uv, heads)
 
 
 def _level_ranges(systems: dict[int, System], levels: Levels, sweeps: int = 12) -> dict[int, list[Affine] | None]:
@@ -489,7 +569,9 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, boxes
             rd.offset, rd.gather = rd.offset[keep], rd.gather[keep]
     masks = [(Expr(e.coeffs, e.const[keep]), ">=") for e in checks if e.coeffs]
     masks += [(Expr(e.coeffs, e.const[keep]), "!=") for e in map(to_expr, unequal)]
-    return Form(rule, i, head.name, taus[keep], n_free, [s[keep] for s in sizes], reads, heads, masks, rule.outer)
+    sizes = [s[keep] for s in sizes]
+    needed = [e.low(sizes) < 0 if op == ">=" else (e.low(sizes) <= 0) & (e.high(sizes) >= 0) for e, op in masks]
+    return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, masks, rule.outer, needed)
 
 
 def _ceil(x: np.ndarray, a: int) -> np.ndarray:
