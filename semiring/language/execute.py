@@ -187,7 +187,7 @@ class Run:
 
     def backward(self, buf: dict[str, Tensor], grad: Tensor, shapes, dual: bool = False) -> list[Tensor]:
         """Gradients of the inputs (in their shapes), level by level in reverse, accumulated in place."""
-        grads = {key: torch.zeros_like(x) for key, x in buf.items()}
+        grads = _Grads(buf)
         grads[GOAL] = self.goal_gradient(buf[GOAL], grad)
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         ends = {scan.stop - 1: scan for scan in self.scans(dual).values()}
@@ -226,6 +226,9 @@ class Run:
     def add(grads: dict[str, Tensor], v: View, g: Tensor) -> None:
         """``grads[v.source][positions of v] += g``, repeated positions accumulated; ``g`` may
         have a larger batch than the source (a batch of 1 is shared: summed over)."""
+        if v.source not in grads and v.whole and g.shape == grads.like(v.source).shape[:-1] + v.sizes:
+            grads[v.source] = g.reshape(*g.shape[: g.dim() - len(v.sizes)], -1)  # the first gradient of all of it
+            return
         dst = grads[v.source]
         lead = dst.dim() - 1
         if g.shape[:lead] != dst.shape[:lead]:
@@ -309,6 +312,22 @@ class Run:
                 for v in step.heads:
                     buf[v.source] = self.put(buf[v.source], v, value, step.accumulate)
         return self.select_goal(buf[GOAL])
+
+
+class _Grads(dict):
+    """Gradient buffers, zero-filled when first used (an input whose gradient comes whole from one
+    step, a scan's, takes that tensor instead)."""
+
+    def __init__(self, buffers: dict[str, Tensor]):
+        super().__init__()
+        self.buffers = buffers
+
+    def like(self, key: str) -> Tensor:
+        return self.buffers[key]
+
+    def __missing__(self, key: str) -> Tensor:
+        self[key] = torch.zeros_like(self.buffers[key])
+        return self[key]
 
 
 def _backward_order(steps: list[Step]) -> list[list[Step]]:

@@ -114,6 +114,7 @@ class View:
     narrow: tuple[int, ...]  # sizes, 1 where the stride is 0: what a gradient is summed down to
     broad: tuple[int, ...]  # the coordinates the view is broadcast over (stride 0, size > 1)
     injective: bool  # the narrowed view touches each position once (gradients add in place)
+    whole: bool = False  # every position of the buffer, in order
 
     @staticmethod
     def of(rd: Read, i: int, sizes: tuple[int, ...]) -> "View":
@@ -123,7 +124,9 @@ class View:
     def strided(source: str, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool = False) -> "View":
         narrow = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
         broad = tuple(d for d, (s, n) in enumerate(zip(strides, sizes)) if s == 0 and n > 1)
-        return View(source, sizes, strides, offset, gather, bound, narrow, broad, not gather and _injective(strides, narrow))
+        whole = not gather and offset == 0 and math.prod(sizes) == bound and strides == tuple(
+            math.prod(sizes[d + 1:]) for d in range(len(sizes)))
+        return View(source, sizes, strides, offset, gather, bound, narrow, broad, not gather and _injective(strides, narrow), whole)
 
 
 def _injective(strides, shape) -> bool:
