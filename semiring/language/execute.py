@@ -204,8 +204,8 @@ class Run:
                     g = g + self.view(grads[v.source], v)
                 found = torch.autograd.grad(alphas, [t for _, t in leaves], g, allow_unused=True, retain_graph=True)
                 for (v, _), gv in zip(leaves, found):
-                    if gv is not None:
-                        self.add(grads, v, gv)
+                    if gv is not None:  # (a scan's gradients are fresh tensors, one per input)
+                        self.add(grads, v, gv, owned=True)
                 continue
             for group in _backward_order(steps):
                 if manual:
@@ -223,10 +223,11 @@ class Run:
         return g
 
     @staticmethod
-    def add(grads: dict[str, Tensor], v: View, g: Tensor) -> None:
+    def add(grads: dict[str, Tensor], v: View, g: Tensor, owned: bool = False) -> None:
         """``grads[v.source][positions of v] += g``, repeated positions accumulated; ``g`` may
-        have a larger batch than the source (a batch of 1 is shared: summed over)."""
-        if v.source not in grads and v.whole and g.shape == grads.like(v.source).shape[:-1] + v.sizes:
+        have a larger batch than the source (a batch of 1 is shared: summed over). ``owned``: no
+        other tensor shares ``g``'s memory, so it may become the buffer."""
+        if owned and v.source not in grads and v.whole and g.shape == grads.like(v.source).shape[:-1] + v.sizes:
             grads[v.source] = g.reshape(*g.shape[: g.dim() - len(v.sizes)], -1)  # the first gradient of all of it
             return
         dst = grads[v.source]
