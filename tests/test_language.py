@@ -120,7 +120,7 @@ def test_chain_wavefront_is_one_level_per_position():
         alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]
         goal        += alpha[n-1, c]
     """)
-    levels = [len(chain.compiled({"edge": (N - 1, 2, 2)}).levels) for N in range(2, 7)]
+    levels = [len(chain.plan({"edge": (N - 1, 2, 2)}).levels) for N in range(2, 7)]
     assert [b - a for a, b in zip(levels, levels[1:])] == [1, 1, 1, 1]
 
 

@@ -1,4 +1,4 @@
-"""The rule language: parse -> checked IR -> grounding -> schedule -> vectorized torch execution."""
+"""The rule language: parse -> checked rules -> levels -> a plan per set of sizes -> one executor over strided views."""
 
 from .program import Program, program
 from .syntax import ProgramError

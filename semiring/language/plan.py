@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .grounding import Space, _bounds, _constraints, _extents, _index_hull, _propagate, label_dims
+from .bounds import Space, bounds, constraints, extents, index_hull, label_dims, propagate
 from .levels import Levels, static_constraints
 from .polyhedra import TAU, Infeasible, affine, bounds_of, coeff, plus, project, scale, substitute
 from .syntax import GOAL, Affine, Const, Rule, Syntax, Term
@@ -230,13 +230,13 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
           chart_layouts: dict[str, list[tuple[int, ...]]]) -> Plan:
     """The plan at these input sizes (raises :class:`Unsupported` where it cannot express them)."""
     labels = label_dims(rules, syntax)
-    boxes = _extents(rules, syntax, shapes, labels)
+    boxes = extents(rules, syntax, shapes, labels)
     charts = {r.head.name: len(r.head.indices) for r in rules}
     for c, rank in charts.items():
         boxes.setdefault(c, Space([0] * rank, [-1] * rank))
     for rule in rules:
         if boxes[rule.head.name].size == 0:  # an empty chart: is an index of this head free?
-            box = _bounds(rule, shapes, {c: sp for c, sp in boxes.items() if c != rule.head.name}, labels)
+            box = bounds(rule, shapes, {c: sp for c, sp in boxes.items() if c != rule.head.name}, labels)
             free = [v for v in sorted(rule.head.variables) if not all(map(math.isfinite, box[v]))]
             if free:
                 raise rule.error(f"cannot bound the index variable '{free[0]}': no input, chart extent, "
@@ -371,12 +371,12 @@ def _written(rules: list[Rule], syntax: Syntax, shapes, boxes: dict[str, Space],
     for _ in range(sweeps):
         hulls: dict[str, list[list[float]]] = {c: [[math.inf, -math.inf] for _ in sp.lo] for c, sp in boxes.items()}
         for rule in rules:
-            box = _propagate(rule, _constraints(rule, shapes, boxes, labels))
+            box = propagate(rule, constraints(rule, shapes, boxes, labels))
             if any(lo > hi for lo, hi in box.values()):
                 continue
             h = hulls[rule.head.name]
             for d, ix in enumerate(rule.head.indices):
-                lo, hi = _index_hull(ix, box, syntax)
+                lo, hi = index_hull(ix, box, syntax)
                 h[d] = [min(lo, h[d][0]), max(hi, h[d][1])]
         new = {c: Space([int(lo) for lo, _ in h], [int(hi) for _, hi in h]) if all(lo <= hi for lo, hi in h)
                else Space([0] * len(h), [-1] * len(h)) for c, h in hulls.items()}

@@ -1,0 +1,173 @@
+"""Interval bounds: the index box of every chart at given input sizes.
+
+A rule's variables are bounded by interval propagation over its linear constraints (input
+shapes, ``for`` ranges, ``if`` conditions, label constants, and the boxes of the charts it reads
+and writes); a chart's box is the hull of every read and write of it, iterated to a fixpoint
+(:func:`extents`). This is all the compiler asks of the sizes before it plans (:mod:`.plan`):
+O(rules x sweeps) arithmetic, never an enumeration of rule instances.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .syntax import Affine, Const, Rule, Syntax, Term
+
+
+@dataclass
+class Space:
+    """A chart's dense index box: dimension d runs over ``lo[d]..hi[d]``."""
+
+    lo: list[int]
+    hi: list[int]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(max(0, h - l + 1) for l, h in zip(self.lo, self.hi))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+def bounds(rule: Rule, shapes, extents: dict[str, Space], labels, head: bool = True) -> dict[str, tuple[float, float]]:
+    """Interval bounds of the rule's variables: by inputs, ranges and conditions first; by chart
+    extents only where those leave a variable unbounded (so a chart's partial extent, while it is
+    still being found, never clips a rule that its inputs bound)."""
+    box = propagate(rule, constraints(rule, shapes, {}, labels))
+    if all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in box.values()):
+        return box
+    return propagate(rule, constraints(rule, shapes, extents, labels, head))
+
+
+def constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels, head: bool = True):
+    """Linear constraints ``lo <= expr <= hi`` on the rule's variables (the head's chart extent among
+    them unless ``head`` is false)."""
+    cons: list[tuple[Affine, float, float]] = []
+
+    def index_in(t: Term, bounds: list[tuple[int, int]] | None):
+        if bounds is None:
+            return
+        for ix, (lo, hi) in zip(t.indices, bounds):
+            if isinstance(ix, Affine) and ix.coeffs:
+                cons.append((ix, lo, hi))
+
+    for t in rule.terms:
+        if t.is_one:
+            continue
+        if t.name not in shapes:  # a chart
+            sp = extents.get(t.name)
+            index_in(t, None if sp is None else list(zip(sp.lo, sp.hi)))
+        else:
+            index_in(t, [(0, s - 1) for s in shapes[t.name]])
+    sp = extents.get(rule.head.name) if head else None
+    index_in(rule.head, None if sp is None else list(zip(sp.lo, sp.hi)))
+    for t in (rule.head, *rule.terms):  # dimensions of named constants hold just those
+        for d, ix in enumerate(t.indices):
+            codes = labels.get((t.name, d))
+            if codes and isinstance(ix, Affine) and ix.coeffs:
+                cons.append((ix, min(codes), max(codes)))
+    for r in rule.ranges:
+        v = Affine(((r.var, 1),))
+        cons.append((v.minus(r.lo), 0, math.inf))
+        cons.append((r.hi.minus(v), 0, math.inf))
+    for c in rule.conds:
+        d = c.left.minus(c.right)
+        lo, hi = {"<": (-math.inf, -1), "<=": (-math.inf, 0), ">": (1, math.inf), ">=": (0, math.inf),
+                  "==": (0, 0), "!=": (-math.inf, math.inf)}[c.op]
+        cons.append((d, lo, hi))
+    return cons
+
+
+def propagate(rule: Rule, cons) -> dict[str, tuple[float, float]]:
+    """Interval bounds of every variable of ``rule`` under ``cons``."""
+    return _tighten({v: (-math.inf, math.inf) for v in rule.variables}, cons)
+
+
+def _tighten(box: dict[str, tuple[float, float]], cons) -> dict[str, tuple[float, float]]:
+    for _ in range(100):
+        changed = False
+        for expr, lo, hi in cons:
+            for v, a in expr.coeffs:
+                rest_lo = rest_hi = float(expr.const)
+                for u, b in expr.coeffs:
+                    if u == v:
+                        continue
+                    ends = [b * box[u][0], b * box[u][1]]
+                    ends = [0.0 if math.isnan(e) else e for e in ends]
+                    rest_lo += min(ends)
+                    rest_hi += max(ends)
+                lo_v, hi_v = (lo - rest_hi) / a, (hi - rest_lo) / a
+                if a < 0:
+                    lo_v, hi_v = hi_v, lo_v
+                new_lo = max(box[v][0], math.ceil(lo_v) if math.isfinite(lo_v) else lo_v)
+                new_hi = min(box[v][1], math.floor(hi_v) if math.isfinite(hi_v) else hi_v)
+                if (new_lo, new_hi) != box[v]:
+                    box[v] = (new_lo, new_hi)
+                    changed = True
+        if not changed:
+            break
+    return box
+
+
+def index_hull(ix, box, syntax: Syntax) -> tuple[float, float]:
+    if isinstance(ix, Const):
+        code = syntax.constants[ix.name]
+        return code, code
+    lo = hi = float(ix.const)
+    for v, a in ix.coeffs:
+        ends = [a * box[v][0], a * box[v][1]]
+        lo += min(ends)
+        hi += max(ends)
+    return lo, hi
+
+
+def label_dims(rules: list[Rule], syntax: Syntax) -> dict[tuple[str, int], set[int]]:
+    """(chart or input, dimension) -> the codes of the constants that index it."""
+    out: dict[tuple[str, int], set[int]] = {}
+    for rule in rules:
+        for t in (rule.head, *rule.terms):
+            for d, ix in enumerate(t.indices):
+                if isinstance(ix, Const):
+                    out.setdefault((t.name, d), set()).add(syntax.constants[ix.name])
+    return out
+
+
+def extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Space]:
+    """The index box of every chart: the hull of every write and read of it by a rule whose
+    variables are bounded, found by iterating to a fixpoint. A rule whose variables only the chart
+    itself bounds (``C[s, s, d] = 1``) ranges over what the other rules write and read."""
+    hulls: dict[str, list[list[float]]] = {}
+
+    def boxes():
+        return {c: Space([int(l) for l, _ in h], [int(u) for _, u in h]) for c, h in hulls.items()
+                if all(math.isfinite(l) for l, _ in h)}
+
+    for sweep in range(len(rules) + 3):
+        changed, grown = False, []
+        for rule in rules:
+            # What a rule with a body writes is bounded by what it reads, not by the extent found so
+            # far for its head: ``x[i+1] += x[i]`` grows ``x`` (and is reported), it is not clipped.
+            reads = any(not t.is_one for t in rule.terms)
+            box = bounds(rule, shapes, boxes(), labels, head=not reads)
+            for t in (rule.head, *rule.terms):
+                if t.is_one or t.name in shapes:
+                    continue
+                h = hulls.setdefault(t.name, [[math.inf, -math.inf] for _ in t.indices])
+                for d, ix in enumerate(t.indices):
+                    vs = ix.variables
+                    if any(box[v][0] > box[v][1] or not math.isfinite(box[v][0] - box[v][1]) for v in vs):
+                        continue
+                    lo, hi = index_hull(ix, box, syntax)
+                    if lo < h[d][0] or hi > h[d][1]:
+                        h[d] = [min(lo, h[d][0]), max(hi, h[d][1])]
+                        changed = True
+                        grown.append(rule)
+        if not changed:
+            out = boxes()
+            for c, h in hulls.items():
+                out.setdefault(c, Space([0] * len(h), [-1] * len(h)))
+            return out
+    feeds_itself = [r for r in grown if any(t.name == r.head.name for t in r.terms)]
+    raise (feeds_itself or grown)[0].error("cannot bound the index arithmetic of this rule: its chart grows without limit")
