@@ -198,3 +198,38 @@ def test_eisner_in_every_semiring_equals_brute_force(eisner, forbid):
     assert_close(eisner(sr.Max, lengths=lengths, arc=arc), torch.stack([e.max for e in enums]))
     assert_close(eisner(sr.KMax(k), lengths=lengths, arc=arc), torch.stack([k_best(e.scores, k) for e in enums], 1))
     assert eisner(sr.Count, lengths=lengths, arc=arc).tolist() == [e.count for e in enums]
+
+
+# ---------------------------------------------------------------- the compiler's plan
+
+
+PCFG = """
+X[s, s, a] = term[s, a]
+X[s, t, a] += X[s, u, b] * X[u+1, t, c] * rule[a, b, c]    for u in s..t-1
+goal = X[0, n-1, 0]
+"""
+
+PCFG_BY_HAND = """
+X[s, s, a] = term[s, a]
+P[s, t, b, c] += X[s, u, b] * X[u+1, t, c]    for u in s..t-1
+X[s, t, a] += P[s, t, b, c] * rule[a, b, c]
+goal = X[0, n-1, 0]
+"""
+
+
+def test_the_pcfg_rule_sums_the_split_point_before_the_child_labels():
+    rules = [str(r) for r in sr.program(PCFG).rules]
+    assert rules[1] == "_part0[s, t, b, c] += X[s, u, b] * X[u+1, t, c] for u in s..t-1"
+    assert rules[2] == "X[s, t, a] += _part0[s, t, b, c] * rule[a, b, c]"
+
+
+@pytest.mark.parametrize("N", [3, 17, 40])
+def test_the_eliminated_pcfg_equals_the_hand_factored_one_at_every_length(N):
+    """Also a check of the plan's level ranges at sizes where a fixpoint needs several sweeps."""
+    g = torch.Generator().manual_seed(N)
+    term = torch.randn(2, N, 3, generator=g, dtype=torch.float64)
+    rule = torch.randn(1, 3, 3, 3, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([N, max(1, N // 2)])
+    got = sr.program(PCFG)(sr.Log, lengths=lengths, term=term, rule=rule)
+    assert got.isfinite().all()
+    assert_close(got, sr.program(PCFG_BY_HAND)(sr.Log, lengths=lengths, term=term, rule=rule))

@@ -336,15 +336,17 @@ def _scan(levels: list[list[Step]], start: int, stop: int, shapes) -> Scan:
     return Scan(start, stop, init, matrix, uv, heads)
 
 
-def _level_ranges(systems: dict[int, System], levels: Levels, sweeps: int = 12) -> dict[int, list[Affine] | None]:
+def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4) -> dict[int, list[Affine] | None]:
     """Per rule, constraints that it reads every chart at the levels that chart has items at (None:
     it never fires). A chart's box is a box, and its level a function of several indices: the box
     holds items at levels no rule writes (Eisner's spans with t < s), and without this the rules
-    that read them would run there. A least fixpoint, from the rules that read no chart, whose
-    ranges are widened to the box where they grow (so that it takes a few sweeps, not one per level)."""
+    that read them would run there. The least fixpoint of "the levels the rules write, reading
+    only levels written", approximated from above as in abstract interpretation: an increasing
+    sweep where a bound that moves goes to infinity (the box then limits it), then a few
+    decreasing sweeps (each keeps every level that has items)."""
     charts = set(levels.coeffs)
-    ranges: dict[str, tuple[float, float]] = {c: (math.inf, -math.inf) for c in charts}
-    for _ in range(sweeps):
+
+    def sweep(ranges):
         extra = {i: sy.reads(levels, ranges) for i, sy in systems.items()}
         new = {c: (math.inf, -math.inf) for c in charts}
         for i, sy in systems.items():
@@ -354,12 +356,25 @@ def _level_ranges(systems: dict[int, System], levels: Levels, sweeps: int = 12) 
                 if taus.size:
                     lo, hi = new[chart]
                     new[chart] = (min(lo, taus[0]), max(hi, taus[-1]))
-        for c in charts:  # widening: a bound that moves goes as far as the box allows
+        return new, extra
+
+    ranges: dict[str, tuple[float, float]] = {c: (math.inf, -math.inf) for c in charts}
+    while True:
+        new, _ = sweep(ranges)
+        for c in charts:
             (lo, hi), (olo, ohi) = new[c], ranges[c]
-            if olo <= ohi:
-                new[c] = (-math.inf if lo < olo else lo, math.inf if hi > ohi else hi)
+            if olo > ohi:
+                new[c] = (lo, hi)
+            else:
+                new[c] = (-math.inf if lo < olo else olo, math.inf if hi > ohi else ohi)
         if new == ranges:
-            return extra
+            break
+        ranges = new
+    for _ in range(narrowing):
+        new, _ = sweep(ranges)
+        new = {c: (max(new[c][0], ranges[c][0]), min(new[c][1], ranges[c][1])) for c in charts}
+        if new == ranges:
+            break
         ranges = new
     return {i: sy.reads(levels, ranges) for i, sy in systems.items()}
 

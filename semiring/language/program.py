@@ -12,7 +12,7 @@ from torch import Tensor
 from ..semirings import Log, Semiring
 from .autodiff import Tape
 from .execute import Run
-from .factor import factor
+from .factor import eliminate, factor
 from .levels import find_levels
 from .plan import Plan, Unsupported, build, layouts, summed_variables
 from .syntax import GOAL, LENGTH, Affine, ProgramError, Rule, Term, parse
@@ -34,7 +34,7 @@ class Program:
         self.text = text
         self.syntax = parse(text)
         rules = [self._with_length(r) for r in self.syntax.rules]
-        self.rules: list[Rule] = factor(rules)
+        self.rules: list[Rule] = factor(eliminate(rules))
         self.inputs: list[str] = list(self.syntax.inputs)
         levels = find_levels(self.rules, self.syntax)
         if levels is None:
