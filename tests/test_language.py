@@ -74,7 +74,24 @@ ERRORS = [
     ("unknown character", ["x[i] = a[i]", "goal += x[n-1] ; 1"], dict(a=a(3)), (2, 16), "unexpected character ';'"),
     ("number other than 1", ["x[i] = 2 * a[i]", "goal += x[n-1]"], dict(a=a(3)), (1, 8), "the only number"),
     ("missing =", ["x[i] a[i]", "goal += x[n-1]"], dict(a=a(3)), (1, 6), "expected '=' or '+='"),
+    ("a new unary rule closes a cycle", ["x[i] = a[i]", "y[i] += x[i]", "z[i] += y[i]", "x[i] += z[i]", "goal += x[n-1]"],
+     dict(a=a(3)), (4, 1), "depends on itself"),
+    ("a summed variable without its range", ["S[s, s] = w[s]", "S[s, t] += S[s, u] * S[u+1, t]", "goal = S[0, n-1]"],
+     dict(w=a(4)), (2, 1), "has no 'for' range"),
+    ("inputs disagree on a shared index", ["x[i] = a[i] * b[i]", "goal += x[n-1]"], dict(a=a(3), b=a(4)), (1, 15),
+     "share the index 'i' but have 3 and 4 entries"),
+    ("a label dimension too small", ["x[i, R] = a[i, R]", "x[i, L] = a[i, L]", "goal += x[n-1, L]"], dict(a=a(3, 1)),
+     (2, 11), "the constant L needs 2"),
+    ("integer potentials", ["x[i] = a[i]", "goal += x[n-1]"], dict(a=torch.zeros(1, 3, dtype=torch.long)), (1, 8),
+     "must be floating point"),
+    ("an index constant beyond int64", ["x[i] = a[i+99999999999999999999]", "goal += x[n-1]"], dict(a=a(3)), (1, 12),
+     "beyond what an index can be"),
 ]
+
+
+def test_a_program_is_text():
+    with pytest.raises(sr.ProgramError, match="a program is text"):
+        sr.program(["x[i] = a[i]"])
 
 
 @pytest.mark.parametrize("what, lines, inputs, at, phrase", ERRORS, ids=[e[0] for e in ERRORS])

@@ -49,8 +49,16 @@ class Program:
         first whose addition (in program order) leaves the rules before it without levels."""
         for k in range(1, len(self.rules) + 1):
             if find_levels(self.rules[:k], self.syntax) is None:
-                return self.rules[k - 1].error("an item depends on itself (a cycle among the rules): no order of "
-                                               "levels computes this rule's items after those they read")
+                rule = self.rules[k - 1]
+                unranged = [v for v in summed_variables(rule) if v not in {r.var for r in rule.ranges}]
+                charts = {r.head.name for r in self.rules}
+                loose = [v for v in unranged if any(v in t.variables for t in rule.terms if t.name in charts)]
+                if loose:
+                    return rule.error(f"no order of levels computes this rule's items after those they read: the summed "
+                                      f"variable '{loose[0]}' has no 'for' range (a range such as 'for {loose[0]} in s..t-1' "
+                                      "is needed where the chart's own extent is all that bounds it)")
+                return rule.error("an item depends on itself (a cycle among the rules): no order of "
+                                  "levels computes this rule's items after those they read")
         raise AssertionError("levels exist for every prefix but not for the whole program")
 
     def _with_length(self, rule: Rule) -> Rule:
@@ -82,8 +90,29 @@ class Program:
                 batch = x.shape[0] if batch is None or x.shape[0] != 1 else batch
             elif x.shape[0] not in (1, batch):
                 raise ValueError(f"{name}: batch size {x.shape[0]} differs from the other inputs' {batch} (1 broadcasts)")
+            if not x.dtype.is_floating_point:
+                raise ProgramError(f"input {name!r} holds log-potentials, so it must be floating point, got {x.dtype}",
+                                   first.line, first.col, self._line(first.line))
             shapes[name] = tuple(x.shape[1:])
+        self._check_shared_indices(shapes)
         return (batch or 0), shapes
+
+    def _check_shared_indices(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        """Two inputs indexed by the same variable in one rule must agree on its size (their
+        overlap is not silently used)."""
+        for rule in self.syntax.rules:
+            seen: dict[str, tuple[str, int, int]] = {}
+            for t in rule.terms:
+                if t.name not in shapes:
+                    continue
+                for d, ix in enumerate(t.indices):
+                    if isinstance(ix, Affine) and len(ix.coeffs) == 1 and ix.coeffs[0][1] == 1 and ix.const == 0:
+                        v = ix.coeffs[0][0]
+                        if v in seen and seen[v][0] != t.name and seen[v][2] != shapes[t.name][d]:
+                            other, od, size = seen[v]
+                            raise rule.error(f"inputs {other!r} and {t.name!r} share the index '{v}' but have {size} and "
+                                             f"{shapes[t.name][d]} entries there (dimensions {od + 1} and {d + 1})", t.col)
+                        seen.setdefault(v, (t.name, d, shapes[t.name][d]))
 
     def _line(self, number: int) -> str:
         return self.text.splitlines()[number - 1] if number else ""

@@ -164,6 +164,8 @@ class Rule:
         return f"{self.head} += {body}{extra}"
 
 
+INDEX_LIMIT = 2**62  # index constants and coefficients stay far inside int64, whatever arithmetic follows
+
 _TOKEN = re.compile(r"\s*(?:(?P<num>\d+)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<op>\+=|\.\.|<=|>=|==|!=|[-+*=\[\],<>]))")
 _KEYWORDS = {"for", "in", "if", "and"}
 
@@ -220,6 +222,8 @@ def _affine(ln: _Line) -> Affine:
     while True:
         kind, value, col = ln.take()
         if kind == "num":
+            if int(value) > INDEX_LIMIT:
+                raise ProgramError(f"the index constant {value} is beyond what an index can be (at most {INDEX_LIMIT})", ln.line, col, ln.text)
             if ln.peek("*"):
                 ln.take()
                 _, var, vcol = ln.take("name")
@@ -316,6 +320,8 @@ class Syntax:
 
 
 def parse(text: str) -> Syntax:
+    if not isinstance(text, str):
+        raise ProgramError(f"a program is text (a str), got {type(text).__name__}")
     rules = []
     for number, raw in enumerate(text.splitlines(), start=1):
         body = raw.split("#", 1)[0]
