@@ -250,3 +250,61 @@ def test_the_eliminated_pcfg_equals_the_hand_factored_one_at_every_length(N):
     got = sr.program(PCFG)(sr.Log, lengths=lengths, term=term, rule=rule)
     assert got.isfinite().all()
     assert_close(got, sr.program(PCFG_BY_HAND)(sr.Log, lengths=lengths, term=term, rule=rule))
+
+
+# ---------------------------------------------------------------- several lengths
+
+ALIGNMENT = """
+A[0, 0] = 1
+A[i, j] += A[i-1, j] * a[i, j]
+A[i, j] += A[i, j-1] * b[i, j]
+A[i, j] += A[i-1, j-1] * c[i, j]
+goal = A[n, m]
+"""
+
+
+def delannoy(n: int, m: int) -> int:
+    return sum(math.comb(n, k) * math.comb(m, k) * 2**k for k in range(min(n, m) + 1))
+
+
+def alignment_log_z(a, b, c, n, m) -> float:
+    """The forward recursion in plain Python, one example."""
+    A = {(0, 0): 0.0}
+    for i in range(n + 1):
+        for j in range(m + 1):
+            if (i, j) == (0, 0):
+                continue
+            paths = [A[i - 1, j] + a[i, j]] if i else []
+            paths += [A[i, j - 1] + b[i, j]] if j else []
+            paths += [A[i - 1, j - 1] + c[i, j]] if i and j else []
+            A[i, j] = torch.logsumexp(torch.tensor(paths, dtype=torch.float64), 0).item()
+    return A[n, m]
+
+
+def test_a_program_with_two_lengths_reads_each_example_at_both():
+    program = sr.program(ALIGNMENT)
+    assert program.syntax.lengths == ["n", "m"]
+    N, M = 4, 6
+    zeros = torch.zeros(3, N + 1, M + 1)
+    lengths = {"n": torch.tensor([4, 2, 0]), "m": torch.tensor([6, 3, 5])}
+    assert program(sr.Count, lengths=lengths, a=zeros, b=zeros, c=zeros).tolist() == [delannoy(4, 6), delannoy(2, 3), 1]
+    only_n = program(sr.Count, lengths={"n": torch.tensor([1, 2, 3])}, a=zeros, b=zeros, c=zeros)  # m: the largest
+    assert only_n.tolist() == [delannoy(n, M) for n in (1, 2, 3)]
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(3, N + 1, M + 1, generator=g, dtype=torch.float64) for _ in range(3))
+    got = program(sr.Log, lengths=lengths, a=a, b=b, c=c)
+    expected = [alignment_log_z(a[k], b[k], c[k], int(lengths["n"][k]), int(lengths["m"][k])) for k in range(3)]
+    assert_close(got, torch.tensor(expected, dtype=torch.float64))
+    x = a.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: program(sr.Log, lengths=lengths, a=x, b=b, c=c), (x,))
+
+
+def test_a_second_length_is_never_summed_silently():
+    program = sr.program(ALIGNMENT)
+    zeros = torch.zeros(2, 3, 3)
+    with pytest.raises(ValueError, match=r"lengths \['n', 'm'\]: give a dict"):
+        program(sr.Log, lengths=torch.tensor([1, 2]), a=zeros, b=zeros, c=zeros)
+    with pytest.raises(ValueError, match=r"lengths\['m'\]: \[3\] out of range; these shapes allow 0..2"):
+        program(sr.Log, lengths={"n": torch.tensor([1, 2]), "m": torch.tensor([3, 1])}, a=zeros, b=zeros, c=zeros)
+    with pytest.raises(ValueError, match=r"\['k'\] are not lengths"):
+        program(sr.Log, lengths={"k": torch.tensor([1, 2])}, a=zeros, b=zeros, c=zeros)

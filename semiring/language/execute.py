@@ -100,22 +100,35 @@ class Run:
             else:
                 dst.copy_(value)
 
+    def goal_index(self, goal: Tensor) -> int | Tensor:
+        """Each example's position in the goal's buffer: its goal at its own lengths (the largest
+        where none is given), an int where that is one position for all."""
+        box, names = self.plan.boxes[GOAL], self.plan.length_names
+        index: int | Tensor = 0
+        stride = 1
+        for d in reversed(range(len(names))):
+            given = (self.lengths or {}).get(names[d])
+            if given is None:
+                index = index + (box.hi[d] - box.lo[d]) * stride
+            else:
+                index = index + (given.to(goal.device) - box.lo[d]) * stride
+            stride *= box.shape[d]
+        return index
+
     def select_goal(self, goal: Tensor) -> Tensor:
-        """``[*, B, goal positions]`` -> ``[*, B]``: each example's goal at its own length."""
-        lo = self.plan.boxes[GOAL].lo[0] if self.plan.boxes[GOAL].lo else 0
-        if self.lengths is None:
-            return goal[..., int(self.plan.lengths[-1]) - lo]
-        index = (self.lengths.to(goal.device) - lo).reshape(*[1] * self.lead, -1, 1).expand(*goal.shape[:-1], 1)
-        return goal.gather(-1, index).squeeze(-1)
+        """``[*, B, goal positions]`` -> ``[*, B]``."""
+        index = self.goal_index(goal)
+        if isinstance(index, int):
+            return goal[..., index]
+        return goal.gather(-1, index.reshape(*[1] * self.lead, -1, 1).expand(*goal.shape[:-1], 1)).squeeze(-1)
 
     def goal_gradient(self, goal: Tensor, grad: Tensor) -> Tensor:
         g = torch.zeros_like(goal)
-        lo = self.plan.boxes[GOAL].lo[0] if self.plan.boxes[GOAL].lo else 0
-        if self.lengths is None:
-            g[..., int(self.plan.lengths[-1]) - lo] = grad
+        index = self.goal_index(goal)
+        if isinstance(index, int):
+            g[..., index] = grad
         else:
-            index = (self.lengths.to(goal.device) - lo).reshape(*[1] * self.lead, -1, 1).expand(*goal.shape[:-1], 1)
-            g.scatter_(-1, index, grad.unsqueeze(-1).expand(*goal.shape[:-1], 1))
+            g.scatter_(-1, index.reshape(*[1] * self.lead, -1, 1).expand(*goal.shape[:-1], 1), grad.unsqueeze(-1).expand(*goal.shape[:-1], 1))
         return g
 
     def all_steps(self):

@@ -184,6 +184,7 @@ class Plan:
     levels: list[list[Step]]  # per level, in order: its steps (strata, then program order)
     goal: list[Step]  # the goal's steps
     lengths: np.ndarray  # the values of n the goal is defined at (one 0 without n)
+    length_names: list[str]  # the goal's dimensions: n, and m where the program has it
     size: dict[str, int] = field(default_factory=dict)  # buffer key -> number of positions
     scans: dict[int, Scan] = field(default_factory=dict)  # first level -> a run of chain levels
 
@@ -262,14 +263,14 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
                 here.append(f.at(int(j)))
         steps.append(_writers(here))
     goal = _writers([f.at(0) for f in forms if f.chart == GOAL])
-    if syntax.uses_length:
+    if syntax.lengths:
         box = boxes[GOAL]
         lengths = np.arange(box.lo[0], box.hi[0] + 1) if box.size else np.zeros(0, dtype=np.int64)
     else:
         lengths = np.zeros(1 if goal else 0, dtype=np.int64)
     if not goal:
         lengths = np.zeros(0, dtype=np.int64)
-    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, size, _scans(steps, shapes))
+    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, list(syntax.lengths), size, _scans(steps, shapes))
 
 
 def _chain(step: Step, shapes) -> tuple[View, View, View | None] | None:
@@ -471,7 +472,7 @@ def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str,
     indices = {id(t): list(t.indices) for t in (head, *rule.terms)}
     if head.name != GOAL:
         level = levels.of(head.name, head.indices)
-        pinned = next((v for v in head_vars if abs(coeff(level, v)) == 1), None)
+        pinned = next((v for v in reversed(head_vars) if abs(coeff(level, v)) == 1), None)  # the last: strides stay positive
         if pinned is None:  # every item at one level
             cons += [plus(affine({TAU: 1}), level, -1), plus(level, affine({TAU: 1}), -1)]
         else:

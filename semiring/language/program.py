@@ -15,7 +15,7 @@ from .execute import Run
 from .factor import eliminate, factor
 from .levels import find_levels
 from .plan import Plan, Unsupported, build, layouts, summed_variables
-from .syntax import GOAL, LENGTH, Affine, ProgramError, Rule, Term, parse
+from .syntax import GOAL, Affine, ProgramError, Rule, Term, parse
 
 
 PLANS = 32  # plans kept per program (one per set of input sizes)
@@ -62,9 +62,10 @@ class Program:
         raise AssertionError("levels exist for every prefix but not for the whole program")
 
     def _with_length(self, rule: Rule) -> Rule:
-        if rule.head.name != GOAL or not self.syntax.uses_length:
+        if rule.head.name != GOAL or not self.syntax.lengths:
             return rule
-        return Rule(Term(GOAL, (Affine(((LENGTH, 1),)),), rule.line, rule.head.col), rule.terms, rule.ranges, rule.conds, rule.line, rule.text)
+        head = Term(GOAL, tuple(Affine(((v, 1),)) for v in self.syntax.lengths), rule.line, rule.head.col)
+        return Rule(head, rule.terms, rule.ranges, rule.conds, rule.line, rule.text)
 
     # ------------------------------------------------------------ checking
 
@@ -136,26 +137,46 @@ class Program:
         """The values of ``n`` the goal is defined at for these shapes."""
         return self.plan(shapes).lengths
 
-    def check_lengths(self, lengths: Tensor | None, batch: int, shapes) -> Tensor | None:
+    def length_ranges(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, int]]:
+        """Per length variable (``n``, ``m``), the least and largest value these shapes allow."""
+        box = self.plan(shapes).boxes[GOAL]
+        return {v: (lo, hi) for v, lo, hi in zip(self.syntax.lengths, box.lo, box.hi)}
+
+    def check_lengths(self, lengths, batch: int, shapes):
+        """Validate ``lengths``: None (every example at its largest lengths), a tensor ``[B]`` (the
+        length ``n``; a program with lengths ``n`` and ``m`` needs a dict) or a dict from length
+        names to tensors ``[B]`` (a length not given is its largest). Returns it as given."""
         allowed = self.lengths_allowed(shapes)
         if lengths is None:
             if allowed.size == 0:
                 raise ValueError("these shapes admit no structure (the goal is never defined)")
             return None
-        if not self.syntax.uses_length:
+        names = self.syntax.lengths
+        if not names:
             raise ValueError("lengths: this program does not use the length 'n'")
-        if not isinstance(lengths, Tensor):
-            lengths = torch.as_tensor(lengths)
-        if lengths.dim() != 1 or lengths.shape[0] != batch or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-            raise ValueError(f"lengths: expected an integer tensor of shape [B] = [{batch}], got {lengths.dtype} {tuple(lengths.shape)}")
-        if allowed.size and allowed[-1] - allowed[0] + 1 == allowed.size:  # a range: two comparisons
-            ok = ((lengths >= int(allowed[0])) & (lengths <= int(allowed[-1]))).cpu().numpy()
+        if isinstance(lengths, Mapping):
+            given = dict(lengths)
+            unknown = sorted(set(given) - set(names))
+            if unknown:
+                raise ValueError(f"lengths: {unknown} are not lengths of this program; its lengths are {names}")
+        elif len(names) > 1:
+            raise ValueError(f"lengths: this program's examples have the lengths {names}: give a dict from each name to a tensor [B]")
         else:
-            ok = np.isin(lengths.cpu().numpy(), allowed)
-        if not ok.all():
-            bad = lengths[torch.from_numpy(~ok)].tolist()
-            raise ValueError(f"lengths: {bad} out of range; these shapes allow {allowed.min()}..{allowed.max()}" if allowed.size else "lengths: these shapes admit no structure")
-        return lengths
+            given = {names[0]: lengths}
+        ranges = self.length_ranges(shapes)
+        for name, value in given.items():
+            what = "lengths" if len(names) == 1 else f"lengths[{name!r}]"
+            if value is None:
+                continue
+            if not isinstance(value, Tensor):
+                value = given[name] = torch.as_tensor(value)
+            if value.dim() != 1 or value.shape[0] != batch or value.dtype.is_floating_point or value.dtype == torch.bool:
+                raise ValueError(f"{what}: expected an integer tensor of shape [B] = [{batch}], got {value.dtype} {tuple(value.shape)}")
+            lo, hi = ranges[name]
+            ok = (value >= lo) & (value <= hi)
+            if not bool(ok.all()):
+                raise ValueError(f"{what}: {value[~ok].tolist()} out of range; these shapes allow {lo}..{hi}")
+        return given if isinstance(lengths, Mapping) else given[names[0]]
 
     # ------------------------------------------------------------ running
 
@@ -169,6 +190,8 @@ class Program:
 
     def run(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes) -> Tensor:
         """Run on already converted elements ``[*components, B, *shape]`` (differentiate through these)."""
+        if lengths is not None and not isinstance(lengths, Mapping):
+            lengths = {self.syntax.lengths[0]: lengths}
         return Tape.apply(Run(self.plan(shapes), semiring, list(elements), lengths, batch), *elements.values())
 
 

@@ -305,7 +305,8 @@ def parse_rule(text: str, line: int) -> Rule:
 
 
 GOAL = "goal"
-LENGTH = "n"
+LENGTH = "n"  # each example's length; only rules for 'goal' may use it
+LENGTHS = ("n", "m")  # the lengths an example may have: 'm' is one where a rule for 'goal' uses it without a 'for' range
 
 
 @dataclass
@@ -316,7 +317,11 @@ class Syntax:
     charts: dict[str, int]  # chart name -> rank
     inputs: dict[str, tuple[int, Term]]  # input name -> (rank, first use)
     constants: dict[str, int]  # UPPERCASE constant -> code
-    uses_length: bool
+    lengths: list[str]  # the length variables the rules for 'goal' use (in LENGTHS order)
+
+    @property
+    def uses_length(self) -> bool:
+        return bool(self.lengths)
 
 
 def parse(text: str) -> Syntax:
@@ -344,7 +349,6 @@ def check(rules: list[Rule]) -> Syntax:
         raise next(r for r in rules if r.head.name == GOAL).error("'goal' takes no indices (its length index n is implicit)")
     inputs: dict[str, tuple[int, Term]] = {}
     constants: dict[str, int] = {}
-    uses_length = False
     for r in rules:
         for t in (r.head, *r.terms):
             for ix in t.indices:
@@ -362,16 +366,17 @@ def check(rules: list[Rule]) -> Syntax:
                 raise r.error(f"input {t.name!r} is used with {inputs[t.name][0]} indices elsewhere, {len(t.indices)} here", t.col)
             else:
                 inputs.setdefault(t.name, (len(t.indices), t))
-        if LENGTH in r.variables:
-            if r.head.name != GOAL:
-                raise r.error("the length 'n' may only appear in rules for 'goal'")
-            uses_length = True
+        if LENGTH in r.variables and r.head.name != GOAL:
+            raise r.error("the length 'n' may only appear in rules for 'goal'")
         for rg in r.ranges:
             if rg.var in r.head.variables:
                 raise r.error(f"'{rg.var}' is summed by 'for' but also indexes the head")
             if rg.var == LENGTH:
                 raise r.error("'n' is the length and cannot be a 'for' variable")
     goal_rules = [r for r in rules if r.head.name == GOAL]
-    if uses_length and any(LENGTH not in r.variables for r in goal_rules):
-        raise next(r for r in goal_rules if LENGTH not in r.variables).error("every rule for 'goal' must use 'n' when one does")
-    return Syntax(rules, charts, inputs, constants, uses_length)
+    used = [[v for v in LENGTHS if v in r.variables and v not in {rg.var for rg in r.ranges}] for r in goal_rules]
+    lengths = max(used, key=len)
+    for r, u in zip(goal_rules, used):
+        if u != lengths:
+            raise r.error(f"every rule for 'goal' must use {' and '.join(repr(v) for v in lengths)} when one does")
+    return Syntax(rules, charts, inputs, constants, lengths)
