@@ -308,3 +308,58 @@ def test_a_second_length_is_never_summed_silently():
         program(sr.Log, lengths={"n": torch.tensor([1, 2]), "m": torch.tensor([3, 1])}, a=zeros, b=zeros, c=zeros)
     with pytest.raises(ValueError, match=r"\['k'\] are not lengths"):
         program(sr.Log, lengths={"k": torch.tensor([1, 2])}, a=zeros, b=zeros, c=zeros)
+
+
+# ---------------------------------------------------------------- lookups by data
+
+CTC = """
+alpha[0, s] = logp[0, ext[s]] * first[s]
+alpha[t, s] += alpha[t-1, s] * logp[t, ext[s]]
+alpha[t, s] += alpha[t-1, s-1] * logp[t, ext[s]]
+alpha[t, s] += alpha[t-1, s-2] * skip[s] * logp[t, ext[s]]
+goal += alpha[n-1, m-1]
+goal += alpha[n-1, m-2]
+"""
+
+
+def ctc_inputs(targets: torch.Tensor, blank: int = 0):
+    """The extended label sequence (blanks between and around the labels), where a step may skip
+    one position (not onto a blank, not between equal labels), and the two first positions."""
+    B, L = targets.shape
+    ext = torch.full((B, 2 * L + 1), blank, dtype=torch.long)
+    ext[:, 1::2] = targets
+    skip = torch.full(ext.shape, -math.inf, dtype=torch.float64)
+    skip[:, 2:] = torch.where((ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2]), 0.0, -math.inf)
+    first = torch.full((1, 2 * L + 1), -math.inf, dtype=torch.float64)
+    first[:, :2] = 0
+    return ext, skip, first
+
+
+def test_ctc_written_with_a_lookup_equals_torch_ctc_loss():
+    """``logp[t, ext[s]]`` reads each example's own labels: the CTC forward algorithm in four rules."""
+    g = torch.Generator().manual_seed(3)
+    B, T, V, L = 3, 12, 5, 4
+    x = torch.randn(B, T, V, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(1, V, (B, L), generator=g)
+    input_lengths, target_lengths = torch.tensor([12, 9, 7]), torch.tensor([4, 2, 3])
+    ext, skip, first = ctc_inputs(targets)
+    logp = x.log_softmax(-1)
+    ours = sr.program(CTC)(sr.Log, lengths={"n": input_lengths, "m": 2 * target_lengths + 1},
+                           logp=logp, first=first, skip=skip, ext=ext)
+    theirs = -torch.nn.functional.ctc_loss(logp.transpose(0, 1), targets, input_lengths, target_lengths, reduction="none")
+    assert_close(ours, theirs)
+    (g_ours,) = torch.autograd.grad(ours.sum(), x, retain_graph=True)
+    (g_theirs,) = torch.autograd.grad(theirs.sum(), x)
+    assert_close(g_ours, g_theirs)
+
+
+def test_looked_up_indices_are_checked():
+    program = sr.program(CTC)
+    ext, skip, first = ctc_inputs(torch.tensor([[1, 2]]))
+    logp = torch.zeros(1, 4, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"ext: holds indices, which must lie in 0..2"):
+        program(sr.Log, logp=logp, first=first, skip=skip, ext=ext + 5)
+    with pytest.raises(sr.ProgramError, match="must be an integer tensor"):
+        program(sr.Log, logp=logp, first=first, skip=skip, ext=ext.double())
+    with pytest.raises(sr.ProgramError, match="may only index an input"):
+        sr.program("x[i, lab[i]] = a[i]\ngoal += x[n-1, 0]")

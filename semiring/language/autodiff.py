@@ -59,9 +59,11 @@ class TapeGradient(torch.autograd.Function):
 
     @staticmethod
     def applies(run: Run, elements: tuple[Tensor, ...]) -> bool:
-        """Log semiring only (a sampling semiring's tape gradient is not a gradient), and every
-        input with the whole batch (one shared by the batch mixes the examples' gradients)."""
-        return type(run.semiring) is LogSemiring and all(e.shape[0] == run.batch for e in elements)
+        """Log semiring only (a sampling semiring's tape gradient is not a gradient), every input
+        with the whole batch (one shared by the batch mixes the examples' gradients), and no
+        integer inputs of indices (no tangents)."""
+        return (type(run.semiring) is LogSemiring and all(e.shape[0] == run.batch for e in elements)
+                and not run.plan.looked_up)
 
     @staticmethod
     def forward(ctx, run: Run, buffers: dict, *elements: Tensor):

@@ -53,7 +53,7 @@ def constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[st
             if isinstance(ix, Affine) and ix.coeffs:
                 cons.append((ix, lo, hi))
 
-    for t in rule.terms:
+    for t in rule.reads:
         if t.is_one:
             continue
         if t.name not in shapes:  # a chart

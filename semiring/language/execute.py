@@ -137,8 +137,26 @@ class Run:
         yield len(self.plan.levels), self.plan.goal
 
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
-        lead = self.lead
-        return {name: x.reshape(*x.shape[: lead + 1], -1).contiguous() for name, x in zip(self.names, elements)}
+        """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``)."""
+        return {name: x.reshape(*x.shape[: (0 if name in self.plan.looked_up else self.lead) + 1], -1).contiguous()
+                for name, x in zip(self.names, elements)}
+
+    def read(self, buf: dict[str, Tensor], v: View) -> Tensor:
+        """A term's view (with positions looked up from data where it has them): ``[*, B, *v.sizes]``."""
+        if not v.lookups:
+            return self.view(buf[v.source], v)
+        src = buf[v.source]
+        pos = self.looked_up(buf, v, src.device)
+        batch = max(src.shape[-2], pos.shape[0])
+        index = pos.reshape(pos.shape[0], -1).expand(*src.shape[:-2], batch, -1)
+        return src.expand(*src.shape[:-2], batch, src.shape[-1]).gather(-1, index).reshape(*src.shape[:-2], batch, *v.sizes)
+
+    def looked_up(self, buf: dict[str, Tensor], v: View, device) -> Tensor:
+        """``[B, *v.sizes]``: the positions of a view with indices read from data, clamped to the buffer."""
+        pos = self.positions(v.offset, v.strides, v.sizes, device)
+        for stride, lv in v.lookups:
+            pos = pos + stride * self.view(buf[lv.source], lv)
+        return pos.clamp(0, v.bound - 1)
 
     def buffers(self, like: Tensor) -> dict[str, Tensor]:
         out = {}
@@ -192,7 +210,7 @@ class Run:
             for step in steps:
                 value = manual.step(self, step, buf) if manual else None
                 if value is None:
-                    value = self.compute(step, lambda v: self.view(buf[v.source], v), like)
+                    value = self.compute(step, lambda v: self.read(buf, v), like)
                 self.write(buf, step, value, manual.plus if manual else None)
         return self.select_goal(buf[GOAL]), buf
 
@@ -226,7 +244,7 @@ class Run:
                         manual.vjp(self, step, buf, grads)
                 else:
                     self._autograd_vjp(group, buf, grads)
-        return [grads[name].reshape(shape) for name, shape in zip(self.names, shapes)]
+        return [None if name in self.plan.looked_up else grads[name].reshape(shape) for name, shape in zip(self.names, shapes)]
 
     def item_gradient(self, step: Step, grads: dict[str, Tensor]) -> Tensor:
         """The gradient of the step's items: the sum over the layouts their readers added into."""
@@ -235,11 +253,13 @@ class Run:
             g = g + self.view(grads[v.source], v)
         return g
 
-    @staticmethod
-    def add(grads: dict[str, Tensor], v: View, g: Tensor, owned: bool = False) -> None:
+    def add(self, grads: dict[str, Tensor], v: View, g: Tensor, owned: bool = False, buf: dict[str, Tensor] | None = None) -> None:
         """``grads[v.source][positions of v] += g``, repeated positions accumulated; ``g`` may
         have a larger batch than the source (a batch of 1 is shared: summed over). ``owned``: no
         other tensor shares ``g``'s memory, so it may become the buffer."""
+        if v.lookups:
+            self._add_looked_up(grads, v, g, buf)
+            return
         if owned and v.source not in grads and v.whole and g.shape == grads.like(v.source).shape[:-1] + v.sizes:
             grads[v.source] = g.reshape(*g.shape[: g.dim() - len(v.sizes)], -1)  # the first gradient of all of it
             return
@@ -259,13 +279,26 @@ class Run:
         g = torch.where((pos >= 0) & (pos < v.bound), g, 0)
         dst.index_add_(-1, pos.clamp(0, v.bound - 1).reshape(-1), g.expand(*g.shape[:lead], *v.narrow).reshape(*g.shape[:lead], -1))
 
+    def _add_looked_up(self, grads, v: View, g: Tensor, buf) -> None:
+        """The gradient of a view with positions from data: scattered to them, per example."""
+        dst = grads[v.source]
+        pos = self.looked_up(buf, v, dst.device)
+        lead = dst.dim() - 2  # the semiring's components
+        batch = max(g.shape[lead], pos.shape[0])
+        pos = pos.reshape(pos.shape[0], -1).expand(batch, -1)
+        g = g.expand(*g.shape[:lead], batch, *v.sizes).reshape(*g.shape[:lead], batch, -1)
+        if dst.shape[-2] == 1 < batch:  # potentials shared by the batch
+            dst.select(-2, 0).index_add_(-1, pos.reshape(-1), g.reshape(*g.shape[:lead], -1))
+        else:
+            dst.scatter_add_(-1, pos.expand(*g.shape[:lead], batch, -1), g)
+
     def _autograd_vjp(self, steps: list[Step], buf, grads) -> None:
         """Recompute one level under a local autograd graph and add its gradients to the buffers."""
         leaves: list[tuple[View, Tensor]] = []
         like = next(iter(buf.values()))
 
         def read(v: View) -> Tensor:
-            t = self.view(buf[v.source], v).detach().requires_grad_()
+            t = self.read(buf, v).detach().requires_grad_()
             leaves.append((v, t))
             return t
 
@@ -291,7 +324,7 @@ class Run:
         found = torch.autograd.grad([v for v, _ in outs], [t for _, t in leaves], [g for _, g in outs], allow_unused=True)
         for (v, _), g in zip(leaves, found):
             if g is not None:
-                self.add(grads, v, g)
+                self.add(grads, v, g, buf=buf)
 
     # ------------------------------------------------------------ functional: plain autograd
 
@@ -322,7 +355,7 @@ class Run:
                     buf[v.source] = self.put(buf[v.source], v, alphas, False)
                 continue
             for step in steps:
-                value = self.compute(step, lambda v: self.view(buf[v.source], v), like)
+                value = self.compute(step, lambda v: self.read(buf, v), like)
                 for v in step.heads:
                     buf[v.source] = self.put(buf[v.source], v, value, step.accumulate)
         return self.select_goal(buf[GOAL])
@@ -367,9 +400,9 @@ class _Manual:
         on a fresh tensor, ``-inf`` where the box holds no instance."""
         n, k = len(step.sizes), len(step.K)
         first_outer = len(step.reads) - step.form.outer
-        vals = [run.view(buf[v.source], v) for v in step.reads[:first_outer] if v is not None]
+        vals = [run.read(buf, v) for v in step.reads[:first_outer] if v is not None]
         if first_outer < len(step.reads):  # outer terms vary with the L coordinates only
-            vals += [run.view(buf[v.source], v)[(..., *[None] * k)] for v in step.reads[first_outer:] if v is not None]
+            vals += [run.read(buf, v)[(..., *[None] * k)] for v in step.reads[first_outer:] if v is not None]
         if not vals:
             s = torch.zeros((1, *step.sizes), dtype=buf[GOAL].dtype, device=buf[GOAL].device)
         else:
@@ -412,9 +445,9 @@ class _Manual:
             if v is None:
                 continue
             if j < first_outer:
-                run.add(grads, v, w)
+                run.add(grads, v, w, buf=buf)
             else:
-                run.add(grads, v, w.sum(list(range(w.dim() - k, w.dim()))) if k else w)
+                run.add(grads, v, w.sum(list(range(w.dim() - k, w.dim()))) if k else w, buf=buf)
 
 
 def _logsumexp_(terms: Tensor, dual: bool = False) -> Tensor:

@@ -46,8 +46,8 @@ def static_constraints(rule: Rule, syntax: Syntax) -> list[Affine]:
         d = plus(c.left, c.right, -1)
         cons += {"<": [scale(d, -1).shifted(-1)], "<=": [scale(d, -1)], ">": [d.shifted(-1)], ">=": [d],
                  "==": [d, scale(d, -1)], "!=": []}[c.op]
-    for t in rule.terms:
-        if t.name in syntax.inputs:
+    for t in rule.reads:
+        if t.name in syntax.inputs or t.name in syntax.lookups:
             cons += [ix for ix in t.indices if isinstance(ix, Affine) and ix.coeffs]
     return cons
 

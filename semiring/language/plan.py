@@ -28,7 +28,7 @@ import numpy as np
 from .bounds import Space, bounds, constraints, extents, index_hull, label_dims, propagate
 from .levels import Levels, static_constraints
 from .polyhedra import TAU, Infeasible, affine, bounds_of, coeff, plus, project, scale, substitute
-from .syntax import GOAL, Affine, Const, Rule, Syntax, Term
+from .syntax import GOAL, Affine, Const, Lookup, Rule, Syntax, Term
 
 
 class Unsupported(Exception):
@@ -66,6 +66,7 @@ class Read:
     strides: tuple[int, ...]  # per coordinate (0: the term does not vary with it)
     gather: np.ndarray  # per level: whether positions may leave the buffer (read by a clamped gather)
     bound: int  # the buffer's size
+    lookups: list = field(default_factory=list)  # (stride, Read of an integer input): positions added from data
 
 
 @dataclass
@@ -115,10 +116,13 @@ class View:
     broad: tuple[int, ...]  # the coordinates the view is broadcast over (stride 0, size > 1)
     injective: bool  # the narrowed view touches each position once (gradients add in place)
     whole: bool = False  # every position of the buffer, in order
+    lookups: tuple = ()  # (stride, View of an integer input): positions added from data, per example
 
     @staticmethod
     def of(rd: Read, i: int, sizes: tuple[int, ...]) -> "View":
-        return View.strided(rd.source, sizes, rd.strides[: len(sizes)], int(rd.offset[i]), rd.bound, bool(rd.gather[i]))
+        v = View.strided(rd.source, sizes, rd.strides[: len(sizes)], int(rd.offset[i]), rd.bound, bool(rd.gather[i]))
+        v.lookups = tuple((stride, View.of(lk, i, sizes)) for stride, lk in rd.lookups)
+        return v
 
     @staticmethod
     def strided(source: str, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool = False) -> "View":
@@ -187,6 +191,7 @@ class Plan:
     length_names: list[str]  # the goal's dimensions: n, and m where the program has it
     size: dict[str, int] = field(default_factory=dict)  # buffer key -> number of positions
     scans: dict[int, Scan] = field(default_factory=dict)  # first level -> a run of chain levels
+    looked_up: dict[str, int] = field(default_factory=dict)  # integer input -> the largest index it may hold
 
     def key_size(self, key: str) -> int:
         return self.size[key]
@@ -245,7 +250,7 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     boxes = _written(rules, syntax, shapes, boxes, labels)
     keys = {c: [c if k == 0 else f"{c}@{k}" for k in range(len(chart_layouts[c]))] for c in charts}
     size = {key: boxes[c].size for c in charts for key in keys[c]}
-    size.update({name: int(np.prod(s, dtype=np.int64)) for name, s in shapes.items()})
+    size.update({name: math.prod(s) for name, s in shapes.items()})
     systems = {i: sy for i, rule in enumerate(rules) if (sy := _system(rule, syntax, levels, shapes, boxes)) is not None}
     extra = _level_ranges(systems, levels)
     forms = [f for i, sy in systems.items() if extra[i] is not None
@@ -270,7 +275,14 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
         lengths = np.zeros(1 if goal else 0, dtype=np.int64)
     if not goal:
         lengths = np.zeros(0, dtype=np.int64)
-    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, list(syntax.lengths), size, _scans(steps, shapes))
+    looked_up: dict[str, int] = {}
+    for rule in rules:
+        for t in rule.terms:
+            for d, ix in enumerate(t.indices):
+                if isinstance(ix, Lookup):
+                    looked_up[ix.name] = min(looked_up.get(ix.name, math.inf), shapes[t.name][d] - 1)
+    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, list(syntax.lengths), size,
+                _scans(steps, shapes), looked_up)
 
 
 def _chain(step: Step, shapes) -> tuple[View, View, View | None] | None:
@@ -448,7 +460,7 @@ def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str,
     """The rule's constraint system, or None where it has no instance at these sizes."""
     code = syntax.constants
     cons: list[Affine] = static_constraints(rule, syntax)
-    for t in (rule.head, *rule.terms):
+    for t in (rule.head, *rule.reads):
         if t.is_one:
             continue
         if t.name in shapes:
@@ -457,6 +469,8 @@ def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str,
             sp = boxes[t.name]
             bounds = list(zip(sp.lo, sp.hi))
         for ix, (lo, hi) in zip(t.indices, bounds):
+            if isinstance(ix, Lookup):  # bounded by its data, checked when a run starts
+                continue
             if isinstance(ix, Const):
                 if not lo <= code[ix.name] <= hi:
                     if t.name in shapes:
@@ -470,6 +484,10 @@ def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str,
     summed = summed_variables(rule)
     unequal = [plus(c.left, c.right, -1) for c in rule.conds if c.op == "!="]
     indices = {id(t): list(t.indices) for t in (head, *rule.terms)}
+    for t in rule.terms:
+        for ix in t.indices:
+            if isinstance(ix, Lookup):
+                indices[id(ix)] = list(ix.indices)
     if head.name != GOAL:
         level = levels.of(head.name, head.indices)
         pinned = next((v for v in reversed(head_vars) if abs(coeff(level, v)) == 1), None)  # the last: strides stay positive
@@ -481,7 +499,7 @@ def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str,
             cons = [substitute(e, pinned, solved) for e in cons]
             unequal = [substitute(e, pinned, solved) for e in unequal]
             for k in indices:
-                indices[k] = [ix if isinstance(ix, Const) else substitute(ix, pinned, solved) for ix in indices[k]]
+                indices[k] = [ix if isinstance(ix, (Const, Lookup)) else substitute(ix, pinned, solved) for ix in indices[k]]
             head_vars.remove(pinned)
     order = head_vars + summed
     order += sorted({v for e in cons + unequal for v, _ in e.coeffs} - set(order) - {TAU})  # in conditions only: summed
@@ -547,7 +565,7 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, boxes
         return None
     n_free = len(head_vars)
 
-    def position(t: Term, layout: tuple[int, ...], key: str) -> Read:
+    def position(t, layout: tuple[int, ...], key: str) -> Read:
         if t.name in shapes:
             shape, lo = shapes[t.name], [0] * len(shapes[t.name])
         else:
@@ -556,7 +574,12 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, boxes
         offset = np.zeros(taus.shape, dtype=np.int64)
         strides = [0] * len(order)
         outside = np.zeros(taus.shape, dtype=bool)
+        lookups = []
         for d, ix in enumerate(indices[id(t)]):
+            if isinstance(ix, Lookup):  # a position read from data: gathered, per example
+                lookups.append((st[d], position(ix, tuple(range(len(shapes[ix.name]))), ix.name)))
+                outside[:] = True
+                continue
             e = Expr({}, np.full(taus.shape, code[ix.name], dtype=np.int64)) if isinstance(ix, Const) else to_expr(ix)
             offset = offset + st[d] * (e.const - lo[d])
             for c, a in e.coeffs.items():
@@ -564,7 +587,7 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, boxes
             outside |= (e.low(sizes) < lo[d]) | (e.high(sizes) > lo[d] + shape[d] - 1)
         if any(s < 0 for s in strides):
             outside[:] = True
-        return Read(key, offset, tuple(strides), outside, size[key])
+        return Read(key, offset, tuple(strides), outside, size[key], lookups)
 
     reads: list[Read | None] = []
     inner = order[-1] if len(order) > n_free else None

@@ -35,7 +35,8 @@ class Program:
         self.syntax = parse(text)
         rules = [self._with_length(r) for r in self.syntax.rules]
         self.rules: list[Rule] = factor(eliminate(rules))
-        self.inputs: list[str] = list(self.syntax.inputs)
+        self.inputs: list[str] = list(self.syntax.inputs)  # the potentials
+        self.lookups: list[str] = list(self.syntax.lookups)  # integer inputs indices are read from
         levels = find_levels(self.rules, self.syntax)
         if levels is None:
             raise self._cycle()
@@ -71,13 +72,13 @@ class Program:
 
     def shapes(self, inputs: Mapping[str, Tensor]) -> tuple[int, dict[str, tuple[int, ...]]]:
         """Check the inputs against the rules; return the batch size and per-example shapes."""
-        unknown = set(inputs) - set(self.inputs)
+        unknown = set(inputs) - set(self.inputs) - set(self.lookups)
         if unknown:
-            raise ValueError(f"unknown input(s) {sorted(unknown)}; the program's inputs are {self.inputs}")
+            raise ValueError(f"unknown input(s) {sorted(unknown)}; the program's inputs are {self.inputs + self.lookups}")
         batch = None
         shapes = {}
-        for name in self.inputs:
-            rank, first = self.syntax.inputs[name]
+        for name in self.inputs + self.lookups:
+            rank, first = self.syntax.inputs[name] if name in self.syntax.inputs else self.syntax.lookups[name]
             if name not in inputs:
                 raise ProgramError(f"input {name!r} is not given", first.line, first.col, self._line(first.line))
             x = inputs[name]
@@ -91,7 +92,11 @@ class Program:
                 batch = x.shape[0] if batch is None or x.shape[0] != 1 else batch
             elif x.shape[0] not in (1, batch):
                 raise ValueError(f"{name}: batch size {x.shape[0]} differs from the other inputs' {batch} (1 broadcasts)")
-            if not x.dtype.is_floating_point:
+            if name in self.syntax.lookups:
+                if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+                    raise ProgramError(f"input {name!r} holds indices, so it must be an integer tensor, got {x.dtype}",
+                                       first.line, first.col, self._line(first.line))
+            elif not x.dtype.is_floating_point:
                 raise ProgramError(f"input {name!r} holds log-potentials, so it must be floating point, got {x.dtype}",
                                    first.line, first.col, self._line(first.line))
             shapes[name] = tuple(x.shape[1:])
@@ -186,13 +191,20 @@ class Program:
         raw = [inputs[name] for name in self.inputs]
         semiring.prepare(raw)
         elements = {name: semiring.convert(x) for name, x in zip(self.inputs, raw)}
+        elements.update({name: inputs[name] for name in self.lookups})
         return self.run(semiring, elements, lengths, batch, shapes)
 
     def run(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes) -> Tensor:
         """Run on already converted elements ``[*components, B, *shape]`` (differentiate through these)."""
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
-        return Tape.apply(Run(self.plan(shapes), semiring, list(elements), lengths, batch), *elements.values())
+        plan = self.plan(shapes)
+        for name, top in plan.looked_up.items():
+            x = elements[name]
+            if x.numel() and bool(((x < 0) | (x > top)).any()):
+                raise ValueError(f"{name}: holds indices, which must lie in 0..{top} (the size of what it indexes), "
+                                 f"got {int(x.min())}..{int(x.max())}")
+        return Tape.apply(Run(plan, semiring, list(elements), lengths, batch), *elements.values())
 
 
 def program(text: str) -> Program:

@@ -78,7 +78,28 @@ class Const:
         return self.name
 
 
-Index = Union[Affine, Const]
+@dataclass(frozen=True)
+class Lookup:
+    """An index read from data: ``label[s]`` in ``emit[t, label[s]]`` is the integer input ``label``
+    at ``s`` (each example's own)."""
+
+    name: str
+    indices: tuple[Affine, ...]
+    line: int = field(default=0, compare=False)
+    col: int = field(default=0, compare=False)
+
+    @property
+    def variables(self) -> set[str]:
+        return set().union(*(i.variables for i in self.indices)) if self.indices else set()
+
+    def renamed(self, names: dict[str, str]) -> "Lookup":
+        return Lookup(self.name, tuple(i.renamed(names) for i in self.indices), self.line, self.col)
+
+    def __str__(self) -> str:
+        return f"{self.name}[{', '.join(map(str, self.indices))}]"
+
+
+Index = Union[Affine, Const, Lookup]
 
 
 @dataclass(frozen=True)
@@ -151,6 +172,12 @@ class Rule:
         for c in self.conds:
             vs |= c.variables
         return vs
+
+    @property
+    def reads(self) -> tuple[Term, ...]:
+        """The terms, and a term per index looked up from data (``label[s]``: the input ``label``)."""
+        looked = [Term(ix.name, ix.indices, self.line, ix.col) for t in (self.head, *self.terms) for ix in t.indices if isinstance(ix, Lookup)]
+        return (*self.terms, *looked)
 
     def error(self, message: str, col: int = 0) -> ProgramError:
         """An error in this rule, at column ``col`` (default: the rule's head)."""
@@ -245,6 +272,15 @@ def _affine(ln: _Line) -> Affine:
 def _index(ln: _Line) -> Index:
     if ln.i < len(ln.tokens) and ln.tokens[ln.i][0] == "name" and _is_const(ln.tokens[ln.i][1]):
         return Const(ln.take()[1])
+    if ln.i + 1 < len(ln.tokens) and ln.tokens[ln.i][0] == "name" and ln.tokens[ln.i + 1][1] == "[":
+        _, name, col = ln.take()
+        ln.take(value="[")
+        indices = [_affine(ln)]
+        while ln.peek(","):
+            ln.take()
+            indices.append(_affine(ln))
+        ln.take(value="]")
+        return Lookup(name, tuple(indices), ln.line, col)
     return _affine(ln)
 
 
@@ -318,6 +354,7 @@ class Syntax:
     inputs: dict[str, tuple[int, Term]]  # input name -> (rank, first use)
     constants: dict[str, int]  # UPPERCASE constant -> code
     lengths: list[str]  # the length variables the rules for 'goal' use (in LENGTHS order)
+    lookups: dict[str, tuple[int, Lookup]] = field(default_factory=dict)  # integer input -> (rank, first use)
 
     @property
     def uses_length(self) -> bool:
@@ -348,6 +385,7 @@ def check(rules: list[Rule]) -> Syntax:
     if charts[GOAL] != 0:
         raise next(r for r in rules if r.head.name == GOAL).error("'goal' takes no indices (its length index n is implicit)")
     inputs: dict[str, tuple[int, Term]] = {}
+    lookups: dict[str, tuple[int, Lookup]] = {}
     constants: dict[str, int] = {}
     for r in rules:
         for t in (r.head, *r.terms):
@@ -366,6 +404,17 @@ def check(rules: list[Rule]) -> Syntax:
                 raise r.error(f"input {t.name!r} is used with {inputs[t.name][0]} indices elsewhere, {len(t.indices)} here", t.col)
             else:
                 inputs.setdefault(t.name, (len(t.indices), t))
+        for t in (r.head, *r.terms):
+            for ix in t.indices:
+                if not isinstance(ix, Lookup):
+                    continue
+                if t.name in charts or t.is_one:
+                    raise r.error("an index looked up from data may only index an input, not a chart", ix.col)
+                if ix.name in charts:
+                    raise r.error(f"{ix.name!r} is a chart; an index is looked up from an integer input", ix.col)
+                if ix.name in lookups and lookups[ix.name][0] != len(ix.indices):
+                    raise r.error(f"input {ix.name!r} is looked up with {lookups[ix.name][0]} indices elsewhere, {len(ix.indices)} here", ix.col)
+                lookups.setdefault(ix.name, (len(ix.indices), ix))
         if LENGTH in r.variables and r.head.name != GOAL:
             raise r.error("the length 'n' may only appear in rules for 'goal'")
         for rg in r.ranges:
@@ -379,4 +428,9 @@ def check(rules: list[Rule]) -> Syntax:
     for r, u in zip(goal_rules, used):
         if u != lengths:
             raise r.error(f"every rule for 'goal' must use {' and '.join(repr(v) for v in lengths)} when one does")
-    return Syntax(rules, charts, inputs, constants, lengths)
+    both = sorted(set(inputs) & set(lookups))
+    if both:
+        rank, use = lookups[both[0]]
+        rule = next(r for r in rules if r.line == use.line)
+        raise rule.error(f"input {both[0]!r} is both potentials and an index looked up from data", use.col)
+    return Syntax(rules, charts, inputs, constants, lengths, lookups)
