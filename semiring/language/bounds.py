@@ -139,10 +139,12 @@ def extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spac
     variables are bounded, found by iterating to a fixpoint. A rule whose variables only the chart
     itself bounds (``C[s, s, d] = 1``) ranges over what the other rules write and read."""
     hulls: dict[str, list[list[float]]] = {}
+    boxes: dict[str, Space] = {}  # the charts whose hulls are bounded, kept up to date
 
-    def boxes():
-        return {c: Space([int(l) for l, _ in h], [int(u) for _, u in h]) for c, h in hulls.items()
-                if all(math.isfinite(l) for l, _ in h)}
+    def update(chart: str) -> None:
+        h = hulls[chart]
+        if all(math.isfinite(l) for l, _ in h):
+            boxes[chart] = Space([int(l) for l, _ in h], [int(u) for _, u in h])
 
     for sweep in range(len(rules) + 3):
         changed, grown = False, []
@@ -150,7 +152,7 @@ def extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spac
             # What a rule with a body writes is bounded by what it reads, not by the extent found so
             # far for its head: ``x[i+1] += x[i]`` grows ``x`` (and is reported), it is not clipped.
             reads = any(not t.is_one for t in rule.terms)
-            box = bounds(rule, shapes, boxes(), labels, head=not reads)
+            box = bounds(rule, shapes, boxes, labels, head=not reads)
             for t in (rule.head, *rule.terms):
                 if t.is_one or t.name in shapes:
                     continue
@@ -164,8 +166,9 @@ def extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spac
                         h[d] = [min(lo, h[d][0]), max(hi, h[d][1])]
                         changed = True
                         grown.append(rule)
+                        update(t.name)
         if not changed:
-            out = boxes()
+            out = dict(boxes)
             for c, h in hulls.items():
                 out.setdefault(c, Space([0] * len(h), [-1] * len(h)))
             return out

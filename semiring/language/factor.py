@@ -8,6 +8,8 @@ names of their variables share one sub-sum chart, computed once.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from .syntax import Affine, Rule, Term
 
 SUBSUM_PREFIX = "_sum"
@@ -92,14 +94,14 @@ def factor(rules: list[Rule]) -> list[Rule]:
     A sub-sum that several rules share becomes a chart of its own, computed once; one that a single
     rule uses stays in that rule, whose ``outer`` last terms are ⊗-multiplied after its ⊕.
     """
-    keys = [k for k in (_split(r)[0] for r in rules) if k is not None]
+    keys = Counter(k for k in (_split(r)[0] for r in rules) if k is not None)
     out: list[Rule] = []
     subsums: dict[str, Rule] = {}
     for rule in rules:
         key, sub, free, outer, outer_conds = _split(rule)
         if key is None:
             out.append(rule)
-        elif keys.count(key) == 1:
+        elif keys[key] == 1:
             out.append(Rule(rule.head, (*sub.terms, *outer), rule.ranges, rule.conds, rule.line, rule.text, len(outer)))
         else:
             if key not in subsums:

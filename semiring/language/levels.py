@@ -13,6 +13,7 @@ A program for which no such functions exist is reported as such (``None``).
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from dataclasses import dataclass
 
 from .polyhedra import affine, implied, plus, scale
@@ -66,7 +67,7 @@ def _candidates(chart: str, rank: int, labels: set[int]) -> list[tuple[int, ...]
 def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
     """Level functions and strata for the charts of ``rules`` (the goal excluded), or None."""
     charts = list(dict.fromkeys(r.head.name for r in rules if r.head.name != GOAL))
-    rank = {c: len(next(r.head for r in rules if r.head.name == c).indices) for c in charts}
+    rank = {r.head.name: len(r.head.indices) for r in rules}
     labels = {c: set() for c in charts}
     for r in rules:
         for t in (r.head, *r.terms):
@@ -81,7 +82,13 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
             if t.name in labels:
                 edges.append((r.head.name, t.name, r.head.indices, t.indices, cons))
     order = {c: i for i, c in enumerate(charts)}
-    by_late = {c: [e for e in edges if max(order[e[0]], order[e[1]]) == order[c]] for c in charts}
+    by_late: dict[str, list] = {c: [] for c in charts}  # edges by the later of their two charts
+    for e in edges:
+        by_late[max(e[0], e[1], key=order.get)].append(e)
+    heads: dict[str, list[Rule]] = {c: [] for c in charts}
+    for r in rules:
+        if r.head.name in heads:
+            heads[r.head.name].append(r)
     chosen: dict[str, tuple[int, ...]] = {}
     same: dict[str, set[str]] = {c: set() for c in charts}  # chart -> charts it reads at its own level
     tries = [0]
@@ -102,11 +109,10 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
             if head == read or not implied(delta, cons):
                 return None
             sames.append((head, read))
-        for r in rules:  # a head's level must pin one of its variables, or be constant
-            if r.head.name == chart:
-                lv = level(chart, r.head.indices)
-                if lv.coeffs and not any(abs(a) == 1 for _, a in lv.coeffs):
-                    return None
+        for r in heads[chart]:  # a head's level must pin one of its variables, or be constant
+            lv = level(chart, r.head.indices)
+            if lv.coeffs and not any(abs(a) == 1 for _, a in lv.coeffs):
+                return None
         return sames
 
     def search(i: int) -> bool:
@@ -161,10 +167,10 @@ def _strata(charts: list[str], same: dict[str, set[str]]) -> list[str] | None:
     for c in charts:
         for d in same[c]:
             readers[d].append(c)
-    ready = [c for c in charts if not waiting[c]]
+    ready = deque(c for c in charts if not waiting[c])
     out = []
     while ready:
-        c = ready.pop(0)
+        c = ready.popleft()
         out.append(c)
         for r in readers[c]:
             waiting[r].discard(c)

@@ -358,37 +358,35 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
     sweep where a bound that moves goes to infinity (the box then limits it), then a few
     decreasing sweeps (each keeps every level that has items)."""
     charts = set(levels.coeffs)
+    empty = (math.inf, -math.inf)
+    ranges: dict[str, tuple[float, float]] = {c: empty for c in charts}
 
-    def sweep(ranges):
-        extra = {i: sy.reads(levels, ranges) for i, sy in systems.items()}
-        new = {c: (math.inf, -math.inf) for c in charts}
-        for i, sy in systems.items():
-            chart = sy.rule.head.name
-            if chart in charts and extra[i] is not None:
-                taus = _levels_of(sy, extra[i])
-                if taus.size:
-                    lo, hi = new[chart]
-                    new[chart] = (min(lo, taus[0]), max(hi, taus[-1]))
-        return new, extra
+    def levels_of(sy: System) -> np.ndarray:
+        extra = sy.reads(levels, ranges)
+        return _levels_of(sy, extra) if extra is not None else np.zeros(0, dtype=np.int64)
 
-    ranges: dict[str, tuple[float, float]] = {c: (math.inf, -math.inf) for c in charts}
-    while True:
-        new, _ = sweep(ranges)
-        for c in charts:
-            (lo, hi), (olo, ohi) = new[c], ranges[c]
-            if olo > ohi:
-                new[c] = (lo, hi)
-            else:
-                new[c] = (-math.inf if lo < olo else olo, math.inf if hi > ohi else ohi)
-        if new == ranges:
+    leveled = [sy for sy in systems.values() if sy.rule.head.name in charts]
+    changed = True
+    while changed:  # widening, each chart's range updated at once: a chain of charts settles in one pass
+        changed = False
+        for sy in leveled:
+            taus, chart = levels_of(sy), sy.rule.head.name
+            if not taus.size:
+                continue
+            (lo, hi), (olo, ohi) = (taus[0], taus[-1]), ranges[chart]
+            new = (lo, hi) if olo > ohi else (-math.inf if lo < olo else olo, math.inf if hi > ohi else ohi)
+            if new != ranges[chart]:
+                ranges[chart], changed = new, True
+    for _ in range(narrowing):  # narrowing: the levels every rule of a chart writes, within its range
+        fresh = {c: empty for c in charts}
+        for sy in leveled:
+            taus, chart = levels_of(sy), sy.rule.head.name
+            if taus.size:
+                fresh[chart] = (min(fresh[chart][0], taus[0]), max(fresh[chart][1], taus[-1]))
+        fresh = {c: (max(ranges[c][0], fresh[c][0]), min(ranges[c][1], fresh[c][1])) for c in charts}
+        if fresh == ranges:
             break
-        ranges = new
-    for _ in range(narrowing):
-        new, _ = sweep(ranges)
-        new = {c: (max(new[c][0], ranges[c][0]), min(new[c][1], ranges[c][1])) for c in charts}
-        if new == ranges:
-            break
-        ranges = new
+        ranges = fresh
     return {i: sy.reads(levels, ranges) for i, sy in systems.items()}
 
 
@@ -416,10 +414,13 @@ def _written(rules: list[Rule], syntax: Syntax, shapes, boxes: dict[str, Space],
 
 def _writers(steps: list[Step]) -> list[Step]:
     """Mark the steps of one level that write items an earlier one wrote (by the heads' constants)."""
-    for j, step in enumerate(steps):
-        for other in steps[:j]:
-            if other.form.chart == step.form.chart and _overlap(other.form.labels, step.form.labels):
+    by_chart: dict[str, list[Step]] = {}
+    for step in steps:
+        earlier = by_chart.setdefault(step.form.chart, [])
+        for other in earlier:
+            if _overlap(other.form.labels, step.form.labels):
                 step.accumulate = step.shared = other.shared = True
+        earlier.append(step)
     return steps
 
 

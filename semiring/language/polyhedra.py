@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from functools import reduce
+from functools import lru_cache, reduce
 
 from .syntax import Affine
 
@@ -90,12 +90,18 @@ def eliminate(cons: list[Affine], v: str) -> list[Affine]:
 
 
 def project(cons: list[Affine], keep: set[str]) -> list[Affine]:
-    """The constraints implied on ``keep`` alone (eliminating the variable with the fewest pairs first)."""
-    cons = normalize(cons)
+    """The constraints implied on ``keep`` alone (eliminating the variable with the fewest pairs
+    first). Remembered: rules of one program often pose the same system."""
+    return list(_project(tuple(cons), frozenset(keep)))
+
+
+@lru_cache(maxsize=8192)
+def _project(cons: tuple[Affine, ...], keep: frozenset[str]) -> tuple[Affine, ...]:
+    cons = normalize(list(cons))
     while True:
         others = {v for e in cons for v, _ in e.coeffs} - keep
         if not others:
-            return cons
+            return tuple(cons)
         v = min(sorted(others), key=lambda u: sum(coeff(e, u) > 0 for e in cons) * sum(coeff(e, u) < 0 for e in cons))
         cons = eliminate(cons, v)
 
