@@ -260,6 +260,11 @@ class Run:
         if v.lookups:
             self._add_looked_up(grads, v, g, buf)
             return
+        if v.injective and not v.broad and v.source in grads:  # the common case: one strided add
+            dst = grads[v.source]
+            if g.shape == dst.shape[:-1] + v.sizes:
+                dst.as_strided(g.shape, (*dst.stride()[:-1], *v.strides), dst.storage_offset() + v.offset).add_(g)
+                return
         if owned and v.source not in grads and v.whole and g.shape == grads.like(v.source).shape[:-1] + v.sizes:
             grads[v.source] = g.reshape(*g.shape[: g.dim() - len(v.sizes)], -1)  # the first gradient of all of it
             return
