@@ -123,6 +123,7 @@ class Program:
     def _line(self, number: int) -> str:
         return self.text.splitlines()[number - 1] if number else ""
 
+    @torch.compiler.disable  # host-side arithmetic on sizes: never traced into a compiled graph
     def plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
         """The plan at these input sizes; the last ``PLANS`` are kept."""
         key = tuple(sorted(shapes.items()))
