@@ -363,3 +363,28 @@ def test_looked_up_indices_are_checked():
         program(sr.Log, logp=logp, first=first, skip=skip, ext=ext.double())
     with pytest.raises(sr.ProgramError, match="may only index an input"):
         sr.program("x[i, lab[i]] = a[i]\ngoal += x[n-1, 0]")
+
+
+# ---------------------------------------------------------------- the device of the inputs
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max, sr.KMax(2)], ids=str)
+def test_programs_run_on_the_device_of_their_inputs(semiring):
+    g = torch.Generator().manual_seed(5)
+    arc = torch.randn(3, 7, 7, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([6, 3, 1])
+    eisner = sr.program(EISNER)
+    on_cpu = eisner(semiring, lengths=lengths, arc=arc.clone().requires_grad_())
+    x = arc.cuda().requires_grad_()
+    on_gpu = eisner(semiring, lengths=lengths.cuda(), arc=x)
+    assert on_gpu.device.type == "cuda"
+    assert_close(on_gpu.cpu(), on_cpu)
+    (grad,) = torch.autograd.grad(on_gpu.sum(), x)
+    assert grad.device.type == "cuda"
+    ext, skip, first = ctc_inputs(torch.tensor([[1, 2], [2, 2]]))
+    logp = torch.randn(2, 6, 3, generator=g, dtype=torch.float64).log_softmax(-1)
+    ctc = sr.program(CTC)
+    assert_close(ctc(semiring, logp=logp.cuda(), first=first.cuda(), skip=skip.cuda(), ext=ext.cuda()).cpu(),
+                 ctc(semiring, logp=logp, first=first, skip=skip, ext=ext))

@@ -481,12 +481,7 @@ def _argmax_weights(terms: Tensor, item: Tensor, g: Tensor, shared: bool) -> Ten
     best, where = terms.max(-1)
     if shared:
         g = torch.where(best == item.expand(shape), g, 0)
-    hit = (g != 0).nonzero(as_tuple=True)
-    if hit[0].numel() == 0:
-        return None
-    w = torch.zeros_like(terms)
-    w[(*hit, where[hit])] = g[hit]
-    return w
+    return torch.zeros_like(terms).scatter_(-1, where.unsqueeze(-1), g.unsqueeze(-1))  # no host synchronisation
 
 
 def _claim(run: Run, step: Step, grads, flat: Tensor, item: Tensor) -> None:
