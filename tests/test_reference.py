@@ -1,0 +1,83 @@
+"""Every program of the suite, compiled and run, equals the slow reference interpreter
+(:mod:`semiring.language.reference`: item by item, nothing shared with the compiler but the parser),
+in every semiring, with random lengths and forbidden (-inf) entries."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import semiring as sr
+from semiring.language.reference import interpret
+from structures.chain import LinearChainCRF
+from structures.emission import EmissionCRF
+from structures.hops import HopChainCRF
+from structures.projective import _MULTI_ROOT, _SINGLE_ROOT
+from structures.semimarkov import SemiMarkovCRF
+from structures.tour import BRACKETS
+from test_language import ALIGNMENT, CKY, CTC, EISNER, PCFG, PCFG_BY_HAND, ctc_inputs
+
+B = 3
+
+
+def potentials(g: torch.Generator, *shape: int, batch: int = B, forbid: float = 0.2) -> torch.Tensor:
+    x = torch.randn(batch, *shape, generator=g, dtype=torch.float64)
+    return x.masked_fill(torch.rand(x.shape, generator=g, dtype=torch.float64) < forbid, -math.inf)
+
+
+def ctc(g):
+    ext, skip, first = ctc_inputs(torch.randint(1, 3, (B, 2), generator=g))
+    logp = torch.randn(B, 6, 3, generator=g, dtype=torch.float64).log_softmax(-1)
+    lengths = {"n": torch.randint(3, 7, (B,), generator=g), "m": 2 * torch.randint(1, 3, (B,), generator=g) + 1}
+    return dict(logp=logp, first=first, skip=skip, ext=ext), lengths
+
+
+PROGRAMS = {  # name -> (text, g -> (inputs, lengths or None: random in the allowed range))
+    "chain": (LinearChainCRF.program.text, lambda g: (dict(edge=potentials(g, 4, 2, 2)), None)),
+    "emission": (EmissionCRF.program.text, lambda g: (dict(
+        start=potentials(g, 2, batch=1), emit=potentials(g, 5, 2), trans=potentials(g, 2, 2, batch=1),
+        end=potentials(g, 2, batch=1)), None)),
+    "hops": (HopChainCRF.program.text, lambda g: (dict(theta=potentials(g, 3, 3, 3)), None)),
+    "semimarkov": (SemiMarkovCRF.program.text, lambda g: (dict(seg=potentials(g, 4, 2, 2, 2)), None)),
+    "projective multi-root": (_MULTI_ROOT, lambda g: (dict(arc=potentials(g, 5, 5)), None)),
+    "projective single-root": (_SINGLE_ROOT, lambda g: (dict(arc=potentials(g, 5, 5)), None)),
+    "brackets (tour)": (BRACKETS.text, lambda g: (dict(span=potentials(g, 4, 4)), None)),
+    "eisner": (EISNER, lambda g: (dict(arc=potentials(g, 4, 4)), None)),
+    "cky": (CKY, lambda g: (dict(word=potentials(g, 4), rule=potentials(g, 5, 5)), None)),
+    "pcfg": (PCFG, lambda g: (dict(term=potentials(g, 4, 2), rule=potentials(g, 2, 2, 2, batch=1)), None)),
+    "pcfg by hand": (PCFG_BY_HAND, lambda g: (dict(term=potentials(g, 4, 2), rule=potentials(g, 2, 2, 2, batch=1)), None)),
+    "alignment (n, m)": (ALIGNMENT, lambda g: (dict(a=potentials(g, 3, 4), b=potentials(g, 3, 4), c=potentials(g, 3, 4)),
+                                              {"n": torch.randint(0, 3, (B,), generator=g), "m": torch.randint(0, 4, (B,), generator=g)})),
+    "ctc (lookup)": (CTC, ctc),
+}
+
+SEMIRINGS = [sr.Log, sr.Max, sr.KMax(3), sr.Count, sr.Real]
+
+
+@pytest.mark.parametrize("semiring", SEMIRINGS, ids=str)
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_the_compiled_program_equals_the_reference_interpreter(name, semiring):
+    text, make = PROGRAMS[name]
+    g = torch.Generator().manual_seed(7)
+    inputs, lengths = make(g)
+    program = sr.program(text)
+    if semiring is sr.Count:  # counts of structures: every entry allowed, or forbidden
+        inputs = {k: torch.where(v.isfinite(), 0.0, v) if v.dtype.is_floating_point else v for k, v in inputs.items()}
+    if lengths is None and program.syntax.lengths:
+        _, shapes = program.shapes(inputs)
+        allowed = program.lengths_allowed(shapes)
+        lengths = torch.from_numpy(allowed[torch.randint(len(allowed), (B,), generator=g).numpy()])
+    got = program(semiring, lengths=lengths, **inputs)
+    expected = interpret(text, semiring, lengths=lengths, **inputs)
+    if semiring is sr.Count:
+        assert torch.equal(got, expected)
+    else:
+        assert_close(got, expected)
+
+
+def test_the_interpreter_refuses_a_cycle():
+    with pytest.raises(ValueError, match="depends on itself"):
+        interpret("x[i] = a[i]\nx[i] += y[i]\ny[i] += x[i]\ngoal += x[n-1]", sr.Log, a=torch.zeros(1, 3))
