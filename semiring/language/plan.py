@@ -28,7 +28,7 @@ import numpy as np
 from .bounds import Space, bounds, constraints, extents, index_hull, label_dims, propagate
 from .levels import Levels, static_constraints
 from .polyhedra import TAU, Infeasible, affine, bounds_of, coeff, plus, project, scale, substitute
-from .syntax import GOAL, Affine, Const, Lookup, Rule, Syntax, Term
+from .syntax import GOAL, Affine, Const, Lookup, Rule, Syntax
 
 
 class Unsupported(Exception):
