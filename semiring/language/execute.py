@@ -26,9 +26,10 @@ from .syntax import GOAL
 
 
 class Run:
-    """One run of a plan in a semiring: ``names`` the inputs (program order), ``lengths`` [B] or None."""
+    """One run of a plan in a semiring: ``names`` the inputs (program order), ``lengths`` a dict
+    from length names to ``[B]`` tensors (a length left out, or None: the largest)."""
 
-    def __init__(self, plan: Plan, semiring: Semiring, names: list[str], lengths: Tensor | None, batch: int):
+    def __init__(self, plan: Plan, semiring: Semiring, names: list[str], lengths: dict[str, Tensor] | None, batch: int):
         self.plan, self.semiring, self.names, self.lengths, self.batch = plan, semiring, names, lengths, batch
         self.lead = semiring.extra
 
@@ -160,7 +161,7 @@ class Run:
 
     def buffers(self, like: Tensor) -> dict[str, Tensor]:
         out = {}
-        for chart, keys in self.plan.keys.items():
+        for keys in self.plan.keys.values():
             for key in keys:
                 out[key] = self.semiring.zero((self.batch, self.plan.size[key]), like)
         return out
@@ -186,7 +187,9 @@ class Run:
         buf = self.sources(elements)
         buf.update(self.buffers(like))
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
-        scans, self.kept, skip = self.scans(dual), {}, 0
+        scans, skip = self.scans(dual), 0
+        if scans:
+            self.kept: dict[int, tuple] = {}  # first level of a scan -> (its output, its leaves)
         for lev, steps in self.all_steps():
             if lev < skip:
                 continue

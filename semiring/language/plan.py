@@ -193,9 +193,6 @@ class Plan:
     scans: dict[int, Scan] = field(default_factory=dict)  # first level -> a run of chain levels
     looked_up: dict[str, int] = field(default_factory=dict)  # integer input -> the largest index it may hold
 
-    def key_size(self, key: str) -> int:
-        return self.size[key]
-
 
 def _strides(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[int]:
     """Per box dimension, its stride in the layout ``perm`` (dimensions outermost first)."""
