@@ -188,6 +188,12 @@ class StructuredDistribution:
         return self._out(self._marginals_exact())
 
     @cached_property
+    def shared_marginals(self) -> dict[str, Tensor]:
+        """``{name: [B, *shape]}``: the expected use of every shared score by a structure (∂ log Z by
+        it, per example), as ``marginals`` is of the potentials; ``{}`` without shared scores."""
+        return {n: self._out(m) for n, m in self._expected_counts().items() if n != self._input}
+
+    @cached_property
     def max(self) -> Tensor:
         """``[B]``: the best score max_z ⟨θ, z⟩."""
         return self._out(self.run(sr.Max))
