@@ -6,9 +6,10 @@ from .emission import EmissionCRF
 from .hops import HopChainCRF
 from .nonprojective import NonProjectiveDependencyCRF
 from .projective import ProjectiveDependencyCRF
+from .second_order import SecondOrderDependencyCRF
 from .semimarkov import SemiMarkovCRF
 
 __all__ = [
-    "EmissionCRF", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SemiMarkovCRF",
+    "EmissionCRF", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
     "StructuredDistribution",
 ]
