@@ -1,9 +1,6 @@
 """Structures built on the semiring language: each is a short declaration."""
 
-from .alignment import AlignmentCRF
 from .chain import LinearChainCRF
-from .constituency import ConstituencyCRF
-from .ctc import CTC
 from .distribution import StructuredDistribution
 from .emission import EmissionCRF
 from .hmm import HMM, HMMParameters
@@ -14,6 +11,6 @@ from .second_order import SecondOrderDependencyCRF
 from .semimarkov import SemiMarkovCRF
 
 __all__ = [
-    "AlignmentCRF", "CTC", "ConstituencyCRF", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
+    "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
     "StructuredDistribution",
 ]
