@@ -22,6 +22,16 @@ from test_language import ALIGNMENT, CKY, CTC, EISNER, PCFG, PCFG_BY_HAND, ctc_i
 
 B = 3
 
+# r reads f at 3-i: no level function orders the two charts together, but r reads only finished
+# items of f (a later phase of the plan).
+READ_BACKWARDS = """
+    f[0]  = a[0]
+    f[i] += f[i-1] * a[i]
+    r[i] += f[3-i] * b[i]
+    r[i] += r[i-1] * c[i]
+    goal += r[n-1]
+"""
+
 
 def potentials(g: torch.Generator, *shape: int, batch: int = B, forbid: float = 0.2) -> torch.Tensor:
     x = torch.randn(batch, *shape, generator=g, dtype=torch.float64)
@@ -52,6 +62,8 @@ PROGRAMS = {  # name -> (text, g -> (inputs, lengths or None: random in the allo
     "alignment (n, m)": (ALIGNMENT, lambda g: (dict(a=potentials(g, 3, 4), b=potentials(g, 3, 4), c=potentials(g, 3, 4)),
                                               {"n": torch.randint(0, 3, (B,), generator=g), "m": torch.randint(0, 4, (B,), generator=g)})),
     "ctc (lookup)": (CTC, ctc),
+    "a chain read backwards (two phases)": (READ_BACKWARDS, lambda g: (dict(
+        a=potentials(g, 4), b=potentials(g, 4), c=potentials(g, 4)), None)),
 }
 
 SEMIRINGS = [sr.Log, sr.Max, sr.KMax(3), sr.Count, sr.Real]
@@ -81,3 +93,10 @@ def test_the_compiled_program_equals_the_reference_interpreter(name, semiring):
 def test_the_interpreter_refuses_a_cycle():
     with pytest.raises(ValueError, match="depends on itself"):
         interpret("x[i] = a[i]\nx[i] += y[i]\ny[i] += x[i]\ngoal += x[n-1]", sr.Log, a=torch.zeros(1, 3))
+
+
+@pytest.mark.parametrize("text", ["p[0] = a[0]\np[i] += p[i-1]\ngoal += p[n-1]",
+                                  "goal += x[k] for k in 0..n"])
+def test_the_interpreter_refuses_a_program_nothing_bounds(text):
+    with pytest.raises(ValueError, match="edge of the interpreter's box"):
+        interpret(text, sr.Log, a=torch.zeros(1, 3), x=torch.zeros(1, 3), y=torch.zeros(1, 3))

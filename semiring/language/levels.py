@@ -6,8 +6,12 @@ rule ``H[h] += .. T[t] ..`` reads ``T`` at a level no higher than the one it wri
 ``τ_H(h) - τ_T(t) >= 0`` wherever the rule's ``for`` ranges, ``if`` conditions and input indices
 allow (:func:`~.polyhedra.implied`). Reads at the same level must go from chart to chart without
 a cycle; that order is the *stratum* order (in Eisner, ``C[s, t]`` reads ``I[s, t]`` of the same
-width, so ``I`` comes first). The levels then serve every input size: nothing here looks at shapes.
-A program for which no such functions exist is reported as such (``None``).
+width, so ``I`` comes first). Only charts that read each other (one strongly connected component
+of the read graph) need a common level function: the components form *phases*, run one after
+another in an order where a chart reads only its own phase and earlier ones, so a chart that reads
+a finished one anywhere (``r[i] += f[4-i]``) needs no level function that relates the two. The
+levels then serve every input size: nothing here looks at shapes. A program for which no such
+functions exist is reported as such (``None``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ MAX_SEARCHED = 12  # charts: longer programs only get the first fitting candidat
 class Levels:
     coeffs: dict[str, tuple[int, ...]]  # chart -> its level function's coefficient per dimension
     strata: list[str]  # the charts in the order they are computed within one level
+    phases: dict[str, int]  # chart -> its phase: every level of a phase runs before the next phase
 
     def of(self, chart: str, indices) -> Affine:
         """The level of ``chart[indices]`` as an affine expression of the indices' variables."""
@@ -81,6 +86,8 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
         for t in r.terms:
             if t.name in labels:
                 edges.append((r.head.name, t.name, r.head.indices, t.indices, cons))
+    phases = _phases(charts, [(e[0], e[1]) for e in edges])
+    edges = [e for e in edges if phases[e[0]] == phases[e[1]]]  # a read of an earlier phase is always done
     order = {c: i for i, c in enumerate(charts)}
     by_late: dict[str, list] = {c: [] for c in charts}  # edges by the later of their two charts
     for e in edges:
@@ -156,7 +163,53 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
             same[c] = set()
         if len(charts) > MAX_SEARCHED or not search(0):
             return None
-    return Levels(dict(chosen), _strata(charts, same))
+    return Levels(dict(chosen), _strata(charts, same), phases)
+
+
+def _phases(charts: list[str], reads: list[tuple[str, str]]) -> dict[str, int]:
+    """Per chart, the number of its strongly connected component of the read graph (edges: a
+    rule's head chart reads a chart), numbered so that a chart reads only its own and lower ones:
+    Tarjan's algorithm (iterative: a chain of thousands of charts is a path that deep), which
+    finishes a component after every component it reads."""
+    succ: dict[str, list[str]] = {c: [] for c in charts}
+    for head, read in reads:
+        succ[head].append(read)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    out: dict[str, int] = {}
+    stack: list[str] = []
+    components = 0
+
+    def enter(c: str) -> None:
+        index[c] = low[c] = len(index)
+        stack.append(c)
+        work.append((c, iter(succ[c])))
+
+    for root in charts:
+        if root in index:
+            continue
+        work: list[tuple[str, object]] = []
+        enter(root)
+        while work:
+            c, todo = work[-1]
+            d = next(todo, None)
+            if d is not None:
+                if d not in index:
+                    enter(d)
+                elif d not in out:  # on the stack: in c's component
+                    low[c] = min(low[c], index[d])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[c])
+            if low[c] == index[c]:
+                while True:
+                    d = stack.pop()
+                    out[d] = components
+                    if d == c:
+                        break
+                components += 1
+    return out
 
 
 def _strata(charts: list[str], same: dict[str, set[str]]) -> list[str] | None:

@@ -252,18 +252,19 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     extra = _level_ranges(systems, levels)
     forms = [f for i, sy in systems.items() if extra[i] is not None
              and (f := _form(i, sy, extra[i], syntax, shapes, boxes, chart_layouts, keys, size)) is not None]
-    leveled = [f for f in forms if f.chart != GOAL]
-    taus = np.unique(np.concatenate([f.levels for f in leveled])) if leveled else np.zeros(0, dtype=np.int64)
     rank = {c: k for k, c in enumerate(levels.strata)}
-    leveled.sort(key=lambda f: (rank[f.chart], f.index))
+    phases: dict[int, list[Form]] = {}
+    for f in sorted((f for f in forms if f.chart != GOAL), key=lambda f: (rank[f.chart], f.index)):
+        phases.setdefault(levels.phases[f.chart], []).append(f)
     steps: list[list[Step]] = []
-    for tau in taus:
-        here = []
-        for f in leveled:
-            j = np.searchsorted(f.levels, tau)
-            if j < f.levels.size and f.levels[j] == tau:
-                here.append(f.at(int(j)))
-        steps.append(_writers(here))
+    for _, leveled in sorted(phases.items()):
+        for tau in np.unique(np.concatenate([f.levels for f in leveled])):
+            here = []
+            for f in leveled:
+                j = np.searchsorted(f.levels, tau)
+                if j < f.levels.size and f.levels[j] == tau:
+                    here.append(f.at(int(j)))
+            steps.append(_writers(here))
     goal = _writers([f.at(0) for f in forms if f.chart == GOAL])
     if syntax.lengths:
         box = boxes[GOAL]

@@ -7,8 +7,9 @@ that only charts bound (``C[s, s, d] = 1``, ``goal += alpha[n-1, c]``) ranges ov
 extents: its instances count where what they read (or, reading nothing, what they write) lies in
 the hull of the items the other rules read and write, grown to a fixpoint. An item is defined when
 some instance derives it from defined items; its value is the ⊕ over those instances of the ⊗ of
-their terms, by memoized recursion (an item that depends on itself is an error). For tests at small
-sizes: it is exponential in the number of variables of a rule.
+their terms, by memoized recursion (an item that depends on itself is an error), and a defined item
+on the edge of the box is an error too (nothing bounds the program: its value would be the box's).
+For tests at small sizes: it is exponential in the number of variables of a rule.
 """
 
 from __future__ import annotations
@@ -52,6 +53,18 @@ def _with_lengths(rule: Rule, lengths: list[str]) -> Rule:
     return Rule(head, rule.terms, rule.ranges, rule.conds, rule.line, rule.text)
 
 
+def _range(var: str, rule: Rule, elements, shapes, top: int) -> range:
+    """The values of ``var`` to try: the box ``-2..top``, cut to where it indexes an input term as
+    ``var + c`` (the instances outside read nothing)."""
+    lo, hi = -2, top
+    for t in rule.terms:
+        if t.name in elements:
+            for ix, size in zip(t.indices, shapes[t.name]):
+                if isinstance(ix, Affine) and ix.coeffs == ((var, 1),):
+                    lo, hi = max(lo, -ix.const), min(hi, size - 1 - ix.const)
+    return range(lo, hi + 1)
+
+
 class _Example:
     def __init__(self, rules: list[Rule], constants, semiring: Semiring, elements, data, shapes, top: int):
         self.semiring, self.elements, self.constants = semiring, elements, constants
@@ -61,7 +74,7 @@ class _Example:
         for rule in rules:
             variables = sorted(rule.variables)
             bounded = set().union(*(t.variables for t in rule.terms if t.name in elements), *({r.var} for r in rule.ranges))
-            for values in itertools.product(range(-2, top + 1), repeat=len(variables)):
+            for values in itertools.product(*(_range(v, rule, elements, shapes, top) for v in variables)):
                 env = dict(zip(variables, values))
                 terms = self._terms(rule, env, data, shapes)
                 if terms is not None:
@@ -100,6 +113,10 @@ class _Example:
         self.instances = {item: [terms for _, terms in v] for item, v in self.instances.items()}
         self.values: dict[tuple, Tensor | None] = {}
         self.busy: set[tuple] = set()
+        for item in self.instances:
+            if any(a in (-2, top) for a in item[1]) and self.value(item) is not None:
+                raise ValueError(f"the item {item} is defined on the edge of the interpreter's box: "
+                                 "nothing in the program bounds its index")
 
     def _index(self, ix, env, data) -> int:
         if isinstance(ix, Const):
