@@ -1,6 +1,7 @@
 """Structures built on the semiring language: each is a short declaration."""
 
 from .chain import LinearChainCRF
+from .constituency import ConstituencyCRF
 from .distribution import StructuredDistribution
 from .emission import EmissionCRF
 from .hmm import HMM, HMMParameters
@@ -11,6 +12,6 @@ from .second_order import SecondOrderDependencyCRF
 from .semimarkov import SemiMarkovCRF
 
 __all__ = [
-    "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
+    "ConstituencyCRF", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
     "StructuredDistribution",
 ]

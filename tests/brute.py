@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import Tensor
 
-from structures import HopChainCRF, LinearChainCRF, ProjectiveDependencyCRF, SemiMarkovCRF
+from structures import ConstituencyCRF, HopChainCRF, LinearChainCRF, ProjectiveDependencyCRF, SemiMarkovCRF
 
 Part = tuple[int, ...]
 
@@ -58,6 +58,15 @@ def binary_trees(i: int, k: int) -> Iterator[list[tuple[int, int]]]:
         for left in binary_trees(i, j):
             for right in binary_trees(j, k):
                 yield [(i, k), *left, *right]
+
+
+def constituency_trees(n: int, L: int) -> Iterator[list[Part]]:
+    """ConstituencyCRF: every binary tree of n words with a label on each of its 2n - 1 spans; part
+    (first word, last word, label), the words and the whole sentence included."""
+    for tree in binary_trees(0, n):
+        spans = [(i, k - 1) for i, k in tree] + [(i, i) for i in range(n)]
+        for labels in itertools.product(range(L), repeat=len(spans)):
+            yield [(i, j, label) for (i, j), label in zip(spans, labels)]
 
 
 def projective_trees(n: int) -> Iterator[list[tuple[int, int]]]:
@@ -234,7 +243,12 @@ PROJECTIVE_SINGLE_ROOT = Family(
     tuple((n + 1, n + 1) for n in range(1, 5)), -1,
     lambda shape, n: (t for t in projective_trees(n) if sum(h == 0 for h, _ in t) == 1), length_dims=2,
 )
-FAMILIES = (CHAIN, SEMIMARKOV, HOPS, PROJECTIVE, PROJECTIVE_SINGLE_ROOT)
+CONSTITUENCY = Family(
+    "constituency", ConstituencyCRF,
+    ((1, 1, 1), (1, 1, 3), (2, 2, 3), (4, 4, 1), (2, 2, 1), (3, 3, 3)), 0,
+    lambda shape, n: constituency_trees(n, shape[-1]), length_dims=2,
+)
+FAMILIES = (CHAIN, SEMIMARKOV, HOPS, PROJECTIVE, PROJECTIVE_SINGLE_ROOT, CONSTITUENCY)
 
 
 def random_lengths(batch: int, longest: int, generator: torch.Generator) -> Tensor:

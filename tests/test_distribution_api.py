@@ -243,7 +243,8 @@ def bad_potentials(family: Family):
     shape = largest(family)
     ok = torch.zeros(2, *shape, dtype=torch.float64)
     wrong_size = list(ok.shape)
-    wrong_size[-1] += 1
+    symbols = [s.strip() for s in family.cls.shape.split(",")]
+    wrong_size[max(i for i, s in enumerate(symbols) if symbols.count(s) > 1)] += 1  # a size the spec ties to another
     return [
         ("rank too small", ok[0]),
         ("rank too large", ok.unsqueeze(-1)),
