@@ -1,7 +1,9 @@
 """Structures built on the semiring language: each is a short declaration."""
 
+from .alignment import AlignmentCRF
 from .chain import LinearChainCRF
 from .constituency import ConstituencyCRF
+from .ctc import CTC
 from .distribution import StructuredDistribution
 from .emission import EmissionCRF
 from .hmm import HMM, HMMParameters
@@ -12,6 +14,6 @@ from .second_order import SecondOrderDependencyCRF
 from .semimarkov import SemiMarkovCRF
 
 __all__ = [
-    "ConstituencyCRF", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
+    "AlignmentCRF", "CTC", "ConstituencyCRF", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
     "StructuredDistribution",
 ]

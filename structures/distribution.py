@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
-from typing import ClassVar, Sequence
+from typing import ClassVar, Mapping, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -57,6 +57,20 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
         raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
 
 
+def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int) -> None:
+    """Raise ``ValueError`` unless ``x`` is an integer tensor of ``shape`` with values in ``lo..hi``."""
+    if not isinstance(x, Tensor) or x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+        raise ValueError(f"{name}: expected an integer tensor of shape {list(shape)}, got {getattr(x, 'dtype', type(x).__name__)}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(x.shape)}")
+    bad = (x < lo) | (x > hi)
+    if bool(bad.any()):
+        raise ValueError(f"{name}: expected values in {lo}..{hi}, got {x[bad].tolist()}")
+
+
+Lengths = Union[Tensor, Mapping[str, Tensor], Sequence[Tensor], None]
+
+
 def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
     """⟨θ, μ⟩ over the last ``dims`` dimensions, with 0 · (-inf) = 0 (forbidden parts have μ = 0)."""
     prod = theta.masked_fill(~torch.isfinite(theta), 0.0) * mu
@@ -76,6 +90,14 @@ class StructuredDistribution:
     has them names its potentials' input (``potentials``) and says how a structure uses them
     (``shared_counts``); scores, entropy, cross-entropy and KL count them.
 
+    Integer inputs the program looks indices up from (``logp[t, ext[s]]``) are passed in ``shared``
+    too: data, not scores — never converted or differentiated, and equal in ``q`` for ``kl``.
+
+    A program with several lengths (``n`` and ``m``: an alignment of two sequences) takes
+    ``lengths`` as a dict from their names to tensors ``[B]``, or as a tuple of tensors in the
+    program's order of lengths; a length not given is the largest the shapes allow. ``lengths``
+    then reads back as such a dict.
+
     A structure that is not a dynamic program sets no ``program``; it overrides ``run`` (one
     algorithm per semiring: its value must have the right gradient, e.g. ``⟨θ, best tree⟩`` for
     Max), ``_check_lengths``, ``max_length`` and ``enumerate_support``."""
@@ -84,21 +106,34 @@ class StructuredDistribution:
     shape: ClassVar[str]
     potentials: ClassVar[str | None] = None  # the program input holding the potentials (default: its only input)
 
-    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, shared: dict[str, Tensor] | None = None):
+    def __init__(self, log_potentials: Tensor, lengths: Lengths = None, shared: dict[str, Tensor] | None = None):
         check_shape("log_potentials", log_potentials, self.shape)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
         low = log_potentials.dtype in (torch.float16, torch.bfloat16)
         self._theta = log_potentials.float() if low else log_potentials
-        self._shared = {k: v.float() if low else v for k, v in (shared or {}).items()}
+        lookups = self.program.lookups if hasattr(self, "program") else []
+        self._lookups = {k: v for k, v in (shared or {}).items() if k in lookups}
+        self._shared = {k: v.float() if low else v for k, v in (shared or {}).items() if k not in self._lookups}
         self._batch = log_potentials.shape[0]
         self._lengths = self._check_lengths(lengths)
 
-    def _check_lengths(self, lengths: Tensor | None) -> Tensor | None:
+    def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
         """Validate ``lengths`` (``ValueError`` naming it); ``None`` means every example is full length."""
         self._input = self.potentials or self.program.inputs[0]
-        _, self._shapes = self.program.shapes({self._input: self._theta, **self._shared})
+        _, self._shapes = self.program.shapes({self._input: self._theta, **self._shared, **self._lookups})
+        names = self.program.syntax.lengths
+        if isinstance(lengths, (tuple, list)):
+            if len(lengths) != len(names):
+                raise ValueError(f"lengths: expected {len(names)} tensors [B] (for {names}), got {len(lengths)}")
+            lengths = dict(zip(names, lengths))
         return self.program.check_lengths(lengths, self._batch, self._shapes)
+
+    def _lookups_for(self, rows: int) -> dict[str, Tensor]:
+        """The looked-up integer inputs for a batch of ``rows`` (k copies of the batch)."""
+        copies = rows // max(1, self._batch)
+        return {k: v.repeat(copies, *[1] * (v.dim() - 1)) if copies > 1 and v.shape[0] == self._batch else v
+                for k, v in self._lookups.items()}
 
     def _inputs(self, theta: Tensor, expand: bool = False, detach: bool = False) -> dict[str, Tensor]:
         """Every program input, in program order, for potentials ``theta`` (a batch of k·B rows for
@@ -125,8 +160,14 @@ class StructuredDistribution:
         return torch.Size([self._batch])
 
     @property
-    def lengths(self) -> Tensor:
-        """``[B]``: each example's length (the default is the longest the potentials allow)."""
+    def lengths(self) -> Tensor | dict[str, Tensor]:
+        """``[B]``: each example's length (the default is the longest the potentials allow); for a
+        program with several lengths, a dict from their names to ``[B]``."""
+        if hasattr(self, "program") and len(self.program.syntax.lengths) > 1:
+            given = self._lengths or {}
+            top = self.program.length_ranges(self._shapes)
+            return {k: given[k] if given.get(k) is not None else
+                    torch.full((self._batch,), top[k][1], dtype=torch.long, device=self._theta.device) for k in top}
         if self._lengths is not None:
             return self._lengths
         return torch.full((self._batch,), self.max_length, dtype=torch.long, device=self._theta.device)
@@ -146,8 +187,9 @@ class StructuredDistribution:
         """Run the program on every input given (program order): ``[*components, batch]``."""
         lengths = self._lengths if lengths is None else lengths
         semiring.prepare(list(inputs.values()))
+        rows = inputs[self._input].shape[0]
         elements = {name: semiring.convert(x) for name, x in inputs.items()}
-        return self.program.run(semiring, elements, lengths, inputs[self._input].shape[0], self._shapes)
+        return self.program.run(semiring, {**elements, **self._lookups_for(rows)}, lengths, rows, self._shapes)
 
     def _out(self, t: Tensor) -> Tensor:
         return t.to(self.dtype) if t.dtype.is_floating_point and t.dtype != torch.float64 else t
@@ -221,8 +263,7 @@ class StructuredDistribution:
         n = max(1, shape.numel())
         theta = self._theta.detach()
         many = theta.unsqueeze(0).expand(n, *theta.shape).reshape(n * self._batch, *theta.shape[1:])
-        lengths = None if self._lengths is None else self._lengths.repeat(n)
-        _, g = self._grad(sr.Sampled, many, lengths)
+        _, g = self._grad(sr.Sampled, many, _repeat(self._lengths, n))
         return self._out(g.reshape(*shape, *theta.shape))
 
     def to_parts(self, value: Tensor) -> Tensor:
@@ -313,7 +354,7 @@ class StructuredDistribution:
             raise ValueError(f"v: expected shape {list(theta.shape)} (that of log_potentials), got {list(v.shape)}")
         e = sr.Expectation(base)
         elements = {n: (e.pair(x, v) if n == self._input else e.convert(x)) for n, x in self._inputs(theta).items()}
-        out = self.program.run(e, elements, self._lengths, self._batch, self._shapes)
+        out = self.program.run(e, {**elements, **self._lookups}, self._lengths, self._batch, self._shapes)
         if base is sr.SignedLog:  # where no structure remains (Z = 0) the expectation is 0, not 0/0
             log_z = out[0, 0]
             empty = torch.isneginf(log_z)
@@ -328,8 +369,10 @@ class StructuredDistribution:
         return self._grad(sr.Log)[1]
 
     def _check_same(self, q: "StructuredDistribution") -> None:
-        if type(q) is not type(self) or q._theta.shape != self._theta.shape or not torch.equal(q.lengths, self.lengths):
-            raise ValueError("q: expected the same kind of structure with potentials of the same shape and the same lengths")
+        same = type(q) is type(self) and q._theta.shape == self._theta.shape and _equal(q.lengths, self.lengths)
+        if not same or not _equal(q._lookups, self._lookups):
+            raise ValueError("q: expected the same kind of structure with potentials of the same shape, the same lengths "
+                             "and the same looked-up data")
 
     @cached_property
     def count(self) -> Tensor:
@@ -363,4 +406,19 @@ class StructuredDistribution:
         return self.argmax
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(log_potentials: {list(self.log_potentials.shape)}, lengths: {self.lengths.tolist()})"
+        lengths = self.lengths
+        shown = {k: v.tolist() for k, v in lengths.items()} if isinstance(lengths, dict) else lengths.tolist()
+        return f"{type(self).__name__}(log_potentials: {list(self.log_potentials.shape)}, lengths: {shown})"
+
+
+def _repeat(lengths: Tensor | dict[str, Tensor] | None, n: int) -> Tensor | dict[str, Tensor] | None:
+    """Lengths for ``n`` copies of the batch."""
+    if isinstance(lengths, Mapping):
+        return {k: None if v is None else v.repeat(n) for k, v in lengths.items()}
+    return None if lengths is None else lengths.repeat(n)
+
+
+def _equal(a: Tensor | Mapping[str, Tensor], b: Tensor | Mapping[str, Tensor]) -> bool:
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        return isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return torch.equal(a, b)
