@@ -746,9 +746,21 @@ class Derivations(Semiring):
         return self._compact(torch.cat([a, b]))
 
     def times(self, a, b):
+        # Elements are compacted (the slots in use come first), so only the slots that some item of
+        # each side uses are paired: the pairs cost (used a) x (used b), not capacity squared.
+        a, b = self._used(a), self._used(b)
         presence = a[:, None, :1] * b[None, :, :1]
         s = torch.cat([presence, (a[:, None, 1:] + b[None, :, 1:]) * presence], 2)
-        return self._compact(s.reshape(-1, *s.shape[2:]))
+        s = self._compact(s.reshape(-1, *s.shape[2:]))
+        if s.shape[0] < self.capacity:
+            s = torch.cat([s, s.new_zeros(self.capacity - s.shape[0], *s.shape[1:])])
+        return s
+
+    @staticmethod
+    def _used(x: Tensor) -> Tensor:
+        """The leading slots of a compacted element that hold a derivation of some item (at least one)."""
+        used = int((x[:, 0] > 0).flatten(1).any(1).sum()) if x[0, 0].numel() else 0
+        return x[: max(1, used)]
 
     def sum(self, x, dim):
         x = x.movedim(dim, 1)
