@@ -143,6 +143,19 @@ def make_crf(task: str, impl: str, varied: bool, seed: int = 0) -> Callable[[], 
             with torch.no_grad():
                 return emission_dist().decode()
         return emission_decode
+    if impl == "ours (nn.CRF)":  # the layer with pytorch-crf's interface, on the same parameters
+        from structures.nn import CRF
+
+        layer = CRF(CRF_C, batch_first=True)
+        layer.load_state_dict(crf.state_dict())
+        params = [em, layer.transitions, layer.start_transitions, layer.end_transitions]
+        if task == "nll":
+            return lambda: torch.autograd.grad(-layer(em, tags, mask=mask, reduction="sum"), params)
+
+        def layer_decode():
+            with torch.no_grad():
+                return layer.decode(em, mask)
+        return layer_decode
     if task == "nll" and impl == "ours":
         return lambda: torch.autograd.grad(-ours_dist().log_prob(tags).sum(), params)
     if task == "nll" and impl == "pytorch-crf":
@@ -247,7 +260,7 @@ def run(repeat: int, threads: int, rss: bool, out_dir: str, plot: str | None, on
             label = {"logz": "log-partition (forward)", "marginals": "marginals (forward + backward)",
                      "argmax": "argmax (Max forward + backward)"}[task]
         else:
-            impls = ["ours", "ours (EmissionCRF)", "pytorch-crf"]
+            impls = ["ours", "ours (EmissionCRF)", "ours (nn.CRF)", "pytorch-crf"]
             if task == "nll":
                 check_crf(varied)
                 check_crf(varied, emission=True)
@@ -255,8 +268,9 @@ def run(repeat: int, threads: int, rss: bool, out_dir: str, plot: str | None, on
             size = f"B={B} N={N} C={C} " + ("lengths N/4..N" if varied else "full length")
             label = {"nll": "CRF NLL (forward + backward)", "decode": "CRF decode (Viterbi)"}[task]
         t = time_round_robin(fns, repeat=repeat, warmup=2, min_repeat=5, budget_s=25.0)
-        if "ours (EmissionCRF)" in t:  # the same peer against our second parameterization
-            rows.append((label + " [EmissionCRF]", size, "pytorch-crf", t["ours (EmissionCRF)"], t["pytorch-crf"]))
+        for ours in ("EmissionCRF", "nn.CRF"):  # the same peer against our other parameterizations
+            if f"ours ({ours})" in t:
+                rows.append((label + f" [{ours}]", size, "pytorch-crf", t[f"ours ({ours})"], t["pytorch-crf"]))
         for peer in fns:
             if not peer.startswith("ours"):
                 rows.append((label, size, peer, t["ours"], t[peer]))
@@ -289,9 +303,9 @@ def run(repeat: int, threads: int, rss: bool, out_dir: str, plot: str | None, on
 
 
 def targets(rows, mem_rows) -> list[tuple[str, str, bool]]:
-    def ratio(label_start, size_part, peer, emission=False):
+    def ratio(label_start, size_part, peer, variant=None):
         for b, s, p, o, q in rows:
-            if b.startswith(label_start) and size_part in s and p == peer and ("[EmissionCRF]" in b) == emission:
+            if b.startswith(label_start) and size_part in s and p == peer and _variant(b) == variant:
                 return q.median / o.median
         return float("nan")
 
@@ -304,8 +318,9 @@ def targets(rows, mem_rows) -> list[tuple[str, str, bool]]:
         for part in ("full length", "lengths"):
             r = ratio(task, part, "pytorch-crf")
             out.append((f"{lab} ({part}): ≥ 2× faster", f"{r:.2f}×", r >= 2))
-            r = ratio(task, part, "pytorch-crf", emission=True)
-            out.append((f"{lab} ({part}): ≥ 2× faster, by EmissionCRF", f"{r:.2f}×", r >= 2))
+            for variant in ("EmissionCRF", "nn.CRF"):
+                r = ratio(task, part, "pytorch-crf", variant)
+                out.append((f"{lab} ({part}): ≥ 2× faster, by {variant}", f"{r:.2f}×", r >= 2))
     mem = {(C, impl): (t, s) for C, impl, t, s in mem_rows}
     if (32, "ours") in mem:
         f = mem[(32, "ours")][0] / mem[(32, "torch-struct")][0]
@@ -339,6 +354,11 @@ def render(info, rows, mem_rows, repeat) -> str:
     return "\n".join(parts)
 
 
+def _variant(label: str) -> str | None:
+    """The parameterization a row's label names in brackets ("... [EmissionCRF]"), if any."""
+    return label[label.rindex("[") + 1: -1] if label.endswith("]") else None
+
+
 def save_plot(rows, path: str) -> None:
     try:
         import matplotlib
@@ -348,13 +368,13 @@ def save_plot(rows, path: str) -> None:
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
-    labels = [f"{b.split(' (')[0]}{' [EmissionCRF]' if 'EmissionCRF' in b else ''}\n{s.replace('B=32 N=128 ', '')}\nvs {p}"
+    labels = [f"{b.split(' (')[0]}{f' [{_variant(b)}]' if _variant(b) else ''}\n{s.replace('B=32 N=128 ', '')}\nvs {p}"
               for b, s, p, _, _ in rows]
     ratios = [q.median / o.median for _, _, _, o, q in rows]
     colors = {"torch-struct": "tab:blue", "loop": "tab:gray", "pytorch-crf": "tab:orange"}
     fig, ax = plt.subplots(figsize=(max(8, 0.75 * len(rows)), 5.5))
     ax.bar(range(len(rows)), ratios, color=[colors.get(p, "tab:green") for _, _, p, _, _ in rows],
-           hatch=["//" if "EmissionCRF" in b else "" for b, _, _, _, _ in rows], edgecolor="white")
+           hatch=[{"EmissionCRF": "//", "nn.CRF": ".."}.get(_variant(b), "") for b, _, _, _, _ in rows], edgecolor="white")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_yscale("log")
     ax.set_xticks(range(len(rows)))
@@ -366,7 +386,7 @@ def save_plot(rows, path: str) -> None:
 
     ax.legend(handles=[Patch(color=c, label=p) for p, c in colors.items()], fontsize=8)
     threads = torch.get_num_threads()
-    ax.set_title(f"LinearChainCRF (hatched: EmissionCRF) vs peers (B={B}, N={N}; CPU, {threads} thread{'s' * (threads > 1)})")
+    ax.set_title(f"LinearChainCRF (hatched: EmissionCRF, dotted: nn.CRF) vs peers (B={B}, N={N}; CPU, {threads} thread{'s' * (threads > 1)})")
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=110)

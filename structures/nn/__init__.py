@@ -1,6 +1,8 @@
-"""Structured attention layers (``nn.Module``), batch first, with padding given by ``lengths``."""
+"""Layers (``nn.Module``): structured attention, batch first, with padding given by ``lengths``, and
+a CRF tagging layer with pytorch-crf's interface (``CRF``)."""
 
 from .attention import SegmentationAttention, SigmoidAttention, SoftmaxAttention
+from .crf import CRF
 from .gated import GatedSyntacticContext
 from .hops import HopAttention, MemoryHopAttention
 from .output import AttentionOutput
@@ -9,6 +11,6 @@ from .subtree_attention import SubtreeAttention
 from .syntactic import SyntacticAttention
 from .tree_lstm import TreeLSTM, TreeStates
 
-__all__ = ["AttentionOutput", "SegmentationAttention", "SigmoidAttention", "SoftmaxAttention", "SyntacticAttention"]
+__all__ = ["CRF", "AttentionOutput", "SegmentationAttention", "SigmoidAttention", "SoftmaxAttention", "SyntacticAttention"]
 __all__ += ["GatedSyntacticContext", "StructuredSelfAttention", "SubtreeAttention", "TreeLSTM", "TreeStates"]
 __all__ += ["HopAttention", "MemoryHopAttention"]
