@@ -9,11 +9,12 @@ from .emission import EmissionCRF
 from .hmm import HMM, HMMParameters
 from .hops import HopChainCRF
 from .nonprojective import NonProjectiveDependencyCRF
+from .pcfg import PCFG, TDPCFG
 from .projective import ProjectiveDependencyCRF
 from .second_order import SecondOrderDependencyCRF
 from .semimarkov import SemiMarkovCRF
 
 __all__ = [
-    "AlignmentCRF", "CTC", "ConstituencyCRF", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
-    "StructuredDistribution",
+    "AlignmentCRF", "CTC", "ConstituencyCRF", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "PCFG", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
+    "StructuredDistribution", "TDPCFG",
 ]
