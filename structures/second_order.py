@@ -53,7 +53,8 @@ class SecondOrderDependencyCRF(DependencyTrees, StructuredDistribution):
     as in ``ProjectiveDependencyCRF`` (0 is the root; column 0 and the diagonal are never used).
     ``siblings[b, h, s, m]`` (``[B, N+1, N+1, N+1]``) scores ``m`` taken by ``h`` right after ``s``:
     ``s`` and ``m`` are modifiers of ``h`` on the same side, ``s`` the closer one to ``h``, and no
-    modifier of ``h`` lies between them (SuPar's ``Dependency2oCRF`` convention). The modifier
+    modifier of ``h`` lies between them (SuPar's ``Dependency2oCRF`` siblings, whose tensor is
+    indexed ``[b, m, h, s]``: ``siblings.permute(0, 3, 1, 2)``). The modifier
     closest to ``h`` on each side has no sibling score; entries with ``s`` not strictly between
     ``h`` and ``m`` are never used.
 
