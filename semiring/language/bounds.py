@@ -36,19 +36,9 @@ def bounds(rule: Rule, shapes, extents: dict[str, Space], labels, head: bool = T
     extents only where those leave a variable unbounded (so a chart's partial extent, while it is
     still being found, never clips a rule that its inputs bound)."""
     box = propagate(rule, constraints(rule, shapes, {}, labels))
-    if _bounded(box):
-        return box
-    # Then by the charts it reads other than its own: a chart read by the rule that writes it
-    # (``alpha[t] += alpha[t-1] * e[t]``) grows one step per sweep when it bounds itself.
-    others = {name: sp for name, sp in extents.items() if name != rule.head.name}
-    box = propagate(rule, constraints(rule, shapes, others, labels, head=False))
-    if _bounded(box):
+    if all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in box.values()):
         return box
     return propagate(rule, constraints(rule, shapes, extents, labels, head))
-
-
-def _bounded(box: dict[str, tuple[float, float]]) -> bool:
-    return all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in box.values())
 
 
 def constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels, head: bool = True):
