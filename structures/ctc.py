@@ -38,10 +38,11 @@ class CTC(StructuredDistribution):
     """
 
     program = semiring.program("""
-        alpha[0, s]  = logp[0, ext[s]]                                if s < 2   # start on the first blank or label
-        alpha[t, s] += alpha[t-1, s] * logp[t, ext[s]]                           # stay
-        alpha[t, s] += alpha[t-1, s-1] * logp[t, ext[s]]                         # advance by one
-        alpha[t, s] += alpha[t-1, s-2] * skip[s] * logp[t, ext[s]]               # over a blank, between different labels
+        e[t, s]      = logp[t, ext[s]]                                           # gathered once, not per frame
+        alpha[0, s]  = e[0, s]                                        if s < 2   # start on the first blank or label
+        alpha[t, s] += alpha[t-1, s] * e[t, s]                                   # stay
+        alpha[t, s] += alpha[t-1, s-1] * e[t, s]                                 # advance by one
+        alpha[t, s] += alpha[t-1, s-2] * skip[s] * e[t, s]                       # over a blank, between different labels
         goal        += alpha[n-1, m-1]                                           # end on the last blank
         goal        += alpha[n-1, m-2]                                           # or on the last label
     """)

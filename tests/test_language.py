@@ -321,6 +321,17 @@ goal += alpha[n-1, m-1]
 goal += alpha[n-1, m-2]
 """
 
+# The lookups gathered once into a chart that the recursion reads (the chart e bounds alpha's t and s).
+CTC_GATHERED = """
+e[t, s] = logp[t, ext[s]]
+alpha[0, s] = e[0, s] * first[s]
+alpha[t, s] += alpha[t-1, s] * e[t, s]
+alpha[t, s] += alpha[t-1, s-1] * e[t, s]
+alpha[t, s] += alpha[t-1, s-2] * skip[s] * e[t, s]
+goal += alpha[n-1, m-1]
+goal += alpha[n-1, m-2]
+"""
+
 
 def ctc_inputs(targets: torch.Tensor, blank: int = 0):
     """The extended label sequence (blanks between and around the labels), where a step may skip
@@ -335,7 +346,8 @@ def ctc_inputs(targets: torch.Tensor, blank: int = 0):
     return ext, skip, first
 
 
-def test_ctc_written_with_a_lookup_equals_torch_ctc_loss():
+@pytest.mark.parametrize("text", [CTC, CTC_GATHERED], ids=["inline", "gathered"])
+def test_ctc_written_with_a_lookup_equals_torch_ctc_loss(text):
     """``logp[t, ext[s]]`` reads each example's own labels: the CTC forward algorithm in four rules."""
     g = torch.Generator().manual_seed(3)
     B, T, V, L = 3, 12, 5, 4
@@ -344,13 +356,25 @@ def test_ctc_written_with_a_lookup_equals_torch_ctc_loss():
     input_lengths, target_lengths = torch.tensor([12, 9, 7]), torch.tensor([4, 2, 3])
     ext, skip, first = ctc_inputs(targets)
     logp = x.log_softmax(-1)
-    ours = sr.program(CTC)(sr.Log, lengths={"n": input_lengths, "m": 2 * target_lengths + 1},
+    ours = sr.program(text)(sr.Log, lengths={"n": input_lengths, "m": 2 * target_lengths + 1},
                            logp=logp, first=first, skip=skip, ext=ext)
     theirs = -torch.nn.functional.ctc_loss(logp.transpose(0, 1), targets, input_lengths, target_lengths, reduction="none")
     assert_close(ours, theirs)
     (g_ours,) = torch.autograd.grad(ours.sum(), x, retain_graph=True)
     (g_theirs,) = torch.autograd.grad(theirs.sum(), x)
     assert_close(g_ours, g_theirs)
+
+
+def test_a_recursion_bounded_by_a_chart_it_reads_compiles_at_any_length():
+    """``alpha[t] += alpha[t-1] * e[t]``: alpha's t is bounded by e's extent, not grown one step per
+    sweep of the extent fixpoint from alpha's own (which once gave up at about ten steps)."""
+    g = torch.Generator().manual_seed(4)
+    B, T, V, L = 2, 64, 5, 20
+    targets = torch.randint(1, V, (B, L), generator=g)
+    ext, skip, first = ctc_inputs(targets)
+    logp = torch.randn(B, T, V, generator=g, dtype=torch.float64).log_softmax(-1)
+    inputs = dict(lengths={"n": torch.tensor([T, 50]), "m": torch.tensor([2 * L + 1, 31])}, logp=logp, first=first, skip=skip, ext=ext)
+    assert_close(sr.program(CTC_GATHERED)(sr.Log, **inputs), sr.program(CTC)(sr.Log, **inputs))
 
 
 def test_looked_up_indices_are_checked():

@@ -36,14 +36,25 @@ def bounds(rule: Rule, shapes, extents: dict[str, Space], labels, head: bool = T
     extents only where those leave a variable unbounded (so a chart's partial extent, while it is
     still being found, never clips a rule that its inputs bound)."""
     box = propagate(rule, constraints(rule, shapes, {}, labels))
-    if all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in box.values()):
+    if _bounded(box):
         return box
+    box = propagate(rule, constraints(rule, shapes, extents, labels, head, open_growth=True))
+    if _bounded(box):
+        return box
+    # Only its own chart bounds it (``x[i+1] += x[i]``): it grows one step per sweep, and
+    # :func:`extents` reports a chart that never stops.
     return propagate(rule, constraints(rule, shapes, extents, labels, head))
 
 
-def constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels, head: bool = True):
+def _bounded(box: dict[str, tuple[float, float]]) -> bool:
+    return all(math.isfinite(lo) and math.isfinite(hi) for lo, hi in box.values())
+
+
+def constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[str, Space], labels, head: bool = True,
+                open_growth: bool = False):
     """Linear constraints ``lo <= expr <= hi`` on the rule's variables (the head's chart extent among
-    them unless ``head`` is false)."""
+    them unless ``head`` is false; with ``open_growth``, reads of the head's chart bound it as
+    :func:`_open_growth` says)."""
     cons: list[tuple[Affine, float, float]] = []
 
     def index_in(t: Term, bounds: list[tuple[int, int]] | None):
@@ -58,7 +69,8 @@ def constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[st
             continue
         if t.name not in shapes:  # a chart
             sp = extents.get(t.name)
-            index_in(t, None if sp is None else list(zip(sp.lo, sp.hi)))
+            box = None if sp is None else list(zip(sp.lo, sp.hi))
+            index_in(t, _open_growth(t, rule.head, box) if box and open_growth and t.name == rule.head.name else box)
         else:
             index_in(t, [(0, s - 1) for s in shapes[t.name]])
     sp = extents.get(rule.head.name) if head else None
@@ -78,6 +90,24 @@ def constraints(rule: Rule, shapes: dict[str, tuple[int, ...]], extents: dict[st
                   "==": (0, 0), "!=": (-math.inf, math.inf)}[c.op]
         cons.append((d, lo, hi))
     return cons
+
+
+def _open_growth(read: Term, head: Term, box: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The extent a rule's read of its own chart bounds it by, open on the side the rule grows its
+    chart to: where the read's index is the head's shifted by a constant (``alpha[t]`` reading
+    ``alpha[t-1]``), that bound only lets the chart grow one step per sweep of :func:`extents`, and
+    it is slack at every fixpoint (a write beyond the chart's extent would widen it), so leaving it
+    out reaches the same least fixpoint in a few sweeps instead of one sweep per position."""
+    out: list[tuple[float, float]] = []
+    for ix, hx, (lo, hi) in zip(read.indices, head.indices, box):
+        if isinstance(ix, Affine) and isinstance(hx, Affine):
+            shift = ix.minus(hx)
+            if not shift.coeffs and shift.const < 0:
+                hi = math.inf
+            elif not shift.coeffs and shift.const > 0:
+                lo = -math.inf
+        out.append((lo, hi))
+    return out
 
 
 def propagate(rule: Rule, cons) -> dict[str, tuple[float, float]]:
