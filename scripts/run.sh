@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The main reproduction: sets up .venv when needed (torch 2.13.0, this package), then runs the tree
+# The main reproduction: sets up .venv when needed (torch 2.13.0, this package with its experiments extra), then runs the tree
 # transduction of Kim et al. 2017 (`python -m structures.experiments.transduction`). Arguments go
 # to it: `--quick` (seconds), `--full` (the paper's sizes, ~18 minutes), `--help`. Default: about 3 minutes on one
 # CPU core; tables and plots land in results/transduction/.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_setup.sh"
-setup
+setup experiments
 cd "$ROOT"
 exec "$VENV/bin/python" -m structures.experiments.transduction "$@"

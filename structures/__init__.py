@@ -1,5 +1,7 @@
 """Structures built on the semiring language: each is a short declaration."""
 
+__version__ = "0.1.0"
+
 from .alignment import AlignmentCRF
 from .chain import LinearChainCRF
 from .constituency import ConstituencyCRF
@@ -16,5 +18,5 @@ from .semimarkov import SemiMarkovCRF
 
 __all__ = [
     "AlignmentCRF", "CTC", "ConstituencyCRF", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "PCFG", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
-    "StructuredDistribution", "TDPCFG",
+    "StructuredDistribution", "TDPCFG", "__version__",
 ]

@@ -21,7 +21,6 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 import semiring as sr
 
@@ -154,11 +153,16 @@ def fit(params: HMMParameters, data: Sequence[Batch], iterations: int, smoothing
     Returns the parameters and the log-likelihood before each step. ``callback(iteration, params, ll)``
     is called after each step with the new parameters and the old ones' log-likelihood."""
     history: list[float] = []
-    bar = tqdm(range(iterations), desc="EM", disable=not progress)
-    for it in bar:
+    steps: Iterable[int] = range(iterations)
+    if progress:
+        from tqdm import tqdm  # the experiments' extra: the library itself needs only torch and numpy
+
+        steps = bar = tqdm(steps, desc="EM")
+    for it in steps:
         params, ll = em_step(params, data, smoothing)
         history.append(ll)
-        bar.set_postfix(log_likelihood=f"{ll:.1f}")
+        if progress:
+            bar.set_postfix(log_likelihood=f"{ll:.1f}")
         if callback is not None:
             callback(it, params, ll)
         if tol is not None and len(history) > 1 and history[-1] - history[-2] < tol and math.isfinite(ll):

@@ -14,9 +14,8 @@ from torch.testing import assert_close
 
 from brute import random_lengths
 from structures import HMM, HMMParameters
-from structures.experiments import hmm_pos
+from structures.experiments import default_data_dir, hmm_pos
 from structures.experiments.clustering import many_to_one, v_measure
-from structures.experiments.ud import default_data_dir
 from structures.hmm import batches, em_step, fit
 
 

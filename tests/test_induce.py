@@ -4,9 +4,9 @@ and the command on a slice of UD."""
 import pytest
 import torch
 
-from structures.experiments import induce
+from structures.experiments import default_data_dir, induce
 from structures.experiments.attachment import TreeStatistics, depths, is_tree
-from structures.experiments.ud import Sentence, default_data_dir
+from structures.experiments.ud import Sentence
 
 DATA = default_data_dir()
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from structures import NonProjectiveDependencyCRF
-from structures.experiments import parse
+from structures.experiments import default_data_dir, parse
 from structures.experiments.attachment import is_projective, is_tree
-from structures.experiments.ud import PUD, TREEBANKS, Sentence, default_data_dir, read_conllu
+from structures.experiments.ud import PUD, TREEBANKS, Sentence, read_conllu
 
 DATA = default_data_dir()
 needs_data = pytest.mark.skipif(not (DATA / "ud").exists(), reason="shared UD data not available")

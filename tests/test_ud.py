@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from structures.experiments import default_data_dir
 from structures.experiments.attachment import Attachment, TreeShapes, is_projective, is_tree
-from structures.experiments.ud import TREEBANKS, default_data_dir, read_conllu, with_tree, write_conllu
+from structures.experiments.ud import TREEBANKS, read_conllu, with_tree, write_conllu
 
 # A multiword token (2-3), an empty node (4.1) with enhanced deps, comments.
 SAMPLE = """# sent_id = s1

@@ -28,9 +28,9 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..nn import AttentionOutput, HopAttention, MemoryHopAttention
+from . import default_data_dir
 from .babi_data import Batch, build_vocab, read_examples, task_files, to_batch
 
-REPO = Path(__file__).resolve().parents[2]
 MODELS = ("memn2n", "binary", "unary")
 LABELS = {"memn2n": "MemN2N", "binary": "Binary CRF", "unary": "Unary CRF"}
 
@@ -51,10 +51,6 @@ PAPER = {
 }
 PAPER_AVERAGE = {"memn2n": (81.4, 39.6), "binary": (81.0, 53.7), "unary": (73.8, 17.4)}
 DEFAULT_TASKS = (2, 3, 11, 13, 14, 15, 16, 17, 18, 19)
-
-
-def default_data_dir() -> Path:
-    return REPO.parent / "shared" / "data"
 
 
 def paper(task: int, model: str) -> tuple[float | None, float | None]:
@@ -400,7 +396,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--quick", action="store_true", help="one task, 200 questions, 3 epochs (seconds)")
     parser.add_argument("--plot-task", type=int, default=16, help="the task whose binary CRF story is drawn (default 16, as Fig. 5)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
-    parser.add_argument("--out", type=Path, default=REPO / "results" / "babi")
+    parser.add_argument("--out", type=Path, default=Path("results") / "babi")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     limit = None

@@ -29,7 +29,8 @@ import torch
 from structures.hmm import Batch, HMMParameters, batches, em_step, fit
 
 from .clustering import many_to_one, v_measure
-from .ud import TREEBANKS, Sentence, default_data_dir, read_conllu
+from . import default_data_dir
+from .ud import TREEBANKS, Sentence, read_conllu
 
 
 def encode(sentences: Sequence[Sentence]) -> tuple[list[list[int]], dict[str, int]]:

@@ -44,7 +44,8 @@ from structures.nn import StructuredSelfAttention
 
 from .attachment import Attachment, TreeStatistics
 from .parse import length_groups, markdown_table
-from .ud import PUD, TREEBANKS, Sentence, default_data_dir, read_conllu
+from . import default_data_dir
+from .ud import PUD, TREEBANKS, Sentence, read_conllu
 
 PAD, UNK, MASK = 0, 1, 2
 LANGUAGES = {  # (training text files, evaluation file with gold trees), under <data-dir>/ud

@@ -40,7 +40,8 @@ from tqdm import tqdm
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
 
 from .attachment import Attachment, TreeShapes, is_projective
-from .ud import PUD, TREEBANKS, Sentence, default_data_dir, read_conllu, write_conllu
+from . import default_data_dir
+from .ud import PUD, TREEBANKS, Sentence, read_conllu, write_conllu
 
 LOSSES = ("projective", "nonprojective", "local")
 DECODERS = {"projective": ("eisner", "mst"), "nonprojective": ("mst", "eisner"), "local": ("argmax", "mst", "eisner")}

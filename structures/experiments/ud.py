@@ -24,11 +24,6 @@ files are available, so the dev file is the training file."""
 PUD = {"en": "UD_English-PUD/en_pud-ud-test.conllu", "de": "UD_German-PUD/de_pud-ud-test.conllu"}
 
 
-def default_data_dir() -> Path:
-    """``<repo>/../shared/data``: where the shared data sets live next to the repository."""
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
 def is_word(token: Token) -> bool:
     """True for a syntactic word (integer id); False for a multiword token or an empty node."""
     return isinstance(token["id"], int)
