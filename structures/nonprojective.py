@@ -56,6 +56,7 @@ from semiring.semirings import CountSemiring, KMax, LogSemiring, MaxSemiring, Re
 
 from . import _matrix_tree as mt
 from .distribution import StructuredDistribution, _eager, _inner
+from .optional import require
 from .trees import DependencyTrees, arcs
 
 _TOL = 1e-9  # certified absolute error of the fast path (log Z and every marginal)
@@ -936,7 +937,7 @@ def high_precision_reference(theta: Tensor, single_root: bool = False, dps: int 
     """(log Z, marginals ``[N+1, N+1]``) of one example ``theta [N+1, N+1]`` by the matrix-tree theorem
     (Koo et al. 2007) in mpmath at ``dps`` digits: a slow, independent check of the fast paths at any
     score scale (needs the ``mpmath`` package)."""
-    import mpmath
+    mpmath = require("mpmath", "test", "high_precision_reference")
 
     with mpmath.workdps(dps):
         n = theta.shape[-1] - 1

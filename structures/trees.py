@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .optional import require
+
 
 def arcs(heads: Tensor, lengths: Tensor, n1: int, dtype: torch.dtype) -> Tensor:
     """One-hot arcs ``[..., B, N+1, N+1]`` (``[h, m]``, 0 the root) of heads ``[..., B, N]``
@@ -38,7 +40,7 @@ class DependencyTrees:
         """The trees as ``networkx.DiGraph`` s, one per example: nodes ``0..n`` (0 = root), an edge
         ``h -> m`` per arc with its ``score``. ``value``: heads ``[B, N]`` or one-hot arcs (default:
         the best trees)."""
-        import networkx as nx
+        nx = require("networkx", "graphs", "to_networkx")
 
         heads = self.decode() if value is None else (self.heads(value) if value.dtype.is_floating_point else value)
         theta = self.log_potentials.detach()

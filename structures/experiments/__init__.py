@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..optional import require
+
+for _module in ("conllu", "matplotlib", "tqdm"):
+    require(_module, "experiments", "structures.experiments")
+
 
 def default_data_dir() -> Path:
     """Where the shared data sets are read from by default: ``$STRUCTURES_DATA_DIR`` when set, else

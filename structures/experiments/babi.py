@@ -385,7 +385,8 @@ def plot_hops(model: BabiModel, task: Task, path: Path, index: int | None = None
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", type=Path, default=default_data_dir())
+    parser.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                        help="the shared data sets (default: $STRUCTURES_DATA_DIR, else ../shared/data beside the checkout)")
     parser.add_argument("--tasks", type=int, nargs="+", default=list(DEFAULT_TASKS))
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--epochs", type=int, default=100)

@@ -130,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     p.add_argument("--quick", action="store_true", help="200 sentences, 5 iterations (seconds)")
     p.add_argument("--max-sentences", type=int, default=None, help="read at most this many sentences of each file")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-dir", type=Path, default=default_data_dir())
+    p.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                   help="the shared data sets (default: $STRUCTURES_DATA_DIR, else ../shared/data beside the checkout)")
     p.add_argument("--out", type=Path, default=Path("results/hmm_pos"))
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)

@@ -193,7 +193,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--scores", choices=("bilinear", "dot"), default="bilinear")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's; keeps the arc scores moderate")
-    p.add_argument("--data-dir", type=Path, default=default_data_dir())
+    p.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                   help="the shared data sets (default: $STRUCTURES_DATA_DIR, else ../shared/data beside the checkout)")
     p.add_argument("--out", type=Path, default=Path("results/induce"))
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)

@@ -363,7 +363,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--max-sentences", type=int, default=None, help="read at most this many sentences of each file")
     p.add_argument("--max-train-length", type=int, default=100, help="train on sentences of at most this many words (evaluation uses all)")
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--data-dir", type=Path, default=default_data_dir())
+    p.add_argument("--data-dir", type=Path, default=default_data_dir(),
+                   help="the shared data sets (default: $STRUCTURES_DATA_DIR, else ../shared/data beside the checkout)")
     p.add_argument("--out", type=Path, default=Path("results/parse"))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--pud", choices=sorted(PUD), default=None,
