@@ -10,11 +10,12 @@ from .semirings import (
     Max,
     Real,
     Sampled,
+    SampledSemiring,
     Semiring,
     SignedLog,
 )
 
 __all__ = [
     "Count", "Derivations", "Expectation", "KMax", "Log", "Max", "Program", "ProgramError", "Real", "Sampled",
-    "Semiring", "SignedLog", "program",
+    "SampledSemiring", "Semiring", "SignedLog", "program",
 ]

@@ -452,9 +452,9 @@ class _SampledSum(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, dim: int) -> Tensor:
+    def forward(ctx, x: Tensor, dim: int, generator: torch.Generator | None) -> Tensor:
         out = torch.logsumexp(x, dim)
-        ctx.dim = dim
+        ctx.dim, ctx.generator = dim, generator
         ctx.save_for_backward(x)
         return out
 
@@ -463,22 +463,26 @@ class _SampledSum(torch.autograd.Function):
     def backward(ctx, g: Tensor):
         (x,) = ctx.saved_tensors
         dim = ctx.dim
-        u = torch.rand_like(x).clamp_min_(torch.finfo(x.dtype).tiny)
+        u = torch.rand(x.shape, dtype=x.dtype, device=x.device, generator=ctx.generator).clamp_min_(torch.finfo(x.dtype).tiny)
         choice = (x - (-u.log()).log()).argmax(dim, keepdim=True)  # Gumbel-max: an exact draw
         onehot = torch.zeros_like(x).scatter_(dim, choice, 1.0)
-        return onehot * g.unsqueeze(dim), None
+        return onehot * g.unsqueeze(dim), None, None
 
 
 class SampledSemiring(LogSemiring):
     """logsumexp / +, whose gradient is an exact sample instead of the marginals.
 
-    Draw many samples at once by giving the program a batch of copies of the potentials.
+    Draw many samples at once by giving the program a batch of copies of the potentials. The draws
+    use ``generator`` (a ``torch.Generator`` on the potentials' device; default: torch's global one).
     """
 
     name = "Sampled"
 
+    def __init__(self, generator: torch.Generator | None = None):
+        self.generator = generator
+
     def sum(self, x, dim):
-        return _SampledSum.apply(x, dim)
+        return _SampledSum.apply(x, dim, self.generator)
 
     def dot(self, a, b, dim):
         return self.sum(a + b, dim)

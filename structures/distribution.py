@@ -188,6 +188,9 @@ class StructuredDistribution:
         lengths = self._lengths if lengths is None else lengths
         semiring.prepare(list(inputs.values()))
         rows = inputs[self._input].shape[0]
+        if rows == 0:  # an empty batch: nothing to run; ``[*components, 0]``, a function of the inputs
+            tie = sum(x.sum() for x in inputs.values() if x.dtype.is_floating_point)
+            return semiring.zero((0,), inputs[self._input]) + 0 * tie
         elements = {name: semiring.convert(x) for name, x in inputs.items()}
         return self.program.run(semiring, {**elements, **self._lookups_for(rows)}, lengths, rows, self._shapes)
 
@@ -257,13 +260,16 @@ class StructuredDistribution:
         """``[k, B]``: the k best scores (``-inf`` past the count)."""
         return self._out(self.run(sr.KMax(k)))
 
-    def sample(self, sample_shape: Sequence[int] = ()) -> Tensor:
-        """``[*sample_shape, B, *parts]``: exact, independent samples (one-hot parts)."""
-        shape = torch.Size(sample_shape)
-        n = max(1, shape.numel())
+    def sample(self, sample_shape: Sequence[int] = (), generator: torch.Generator | None = None) -> Tensor:
+        """``[*sample_shape, B, *parts]``: exact, independent samples (one-hot parts), drawn with
+        ``generator`` (a ``torch.Generator`` on the potentials' device; default: torch's global one)."""
+        shape = _sample_shape(sample_shape)
         theta = self._theta.detach()
+        n = shape.numel()
+        if n == 0:
+            return self._out(theta.new_zeros(*shape, *theta.shape))
         many = theta.unsqueeze(0).expand(n, *theta.shape).reshape(n * self._batch, *theta.shape[1:])
-        _, g = self._grad(sr.Sampled, many, _repeat(self._lengths, n))
+        _, g = self._grad(sr.SampledSemiring(generator), many, _repeat(self._lengths, n))
         return self._out(g.reshape(*shape, *theta.shape))
 
     def to_parts(self, value: Tensor) -> Tensor:
@@ -382,6 +388,8 @@ class StructuredDistribution:
     def enumerate_support(self) -> tuple[Tensor, Tensor]:
         """Every structure of finite score, for small problems: ``(values [S, B, *parts], valid [S, B])``;
         S is the largest count in the batch, and slots past an example's count are 0 and invalid."""
+        if self._batch == 0:
+            return self._out(self._theta.new_zeros(0, *self._theta.shape)), torch.zeros(0, 0, dtype=torch.bool, device=self._theta.device)
         capacity = max(1, int(self.run(sr.Count, torch.zeros_like(self._theta)).max()))
         while True:
             try:
@@ -409,6 +417,18 @@ class StructuredDistribution:
         lengths = self.lengths
         shown = {k: v.tolist() for k, v in lengths.items()} if isinstance(lengths, dict) else lengths.tolist()
         return f"{type(self).__name__}(log_potentials: {list(self.log_potentials.shape)}, lengths: {shown})"
+
+
+def _sample_shape(sample_shape: Sequence[int]) -> torch.Size:
+    """``sample_shape`` as a ``torch.Size``: ``ValueError`` unless it is a sequence of sizes >= 0."""
+    sizes = (sample_shape,) if isinstance(sample_shape, int) and not isinstance(sample_shape, bool) else sample_shape
+    try:
+        ok = all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in sizes)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"sample_shape: expected a sequence of sizes >= 0 (e.g. (4,) or torch.Size([2, 3])), got {sample_shape!r}")
+    return torch.Size(sizes)
 
 
 def _repeat(lengths: Tensor | dict[str, Tensor] | None, n: int) -> Tensor | dict[str, Tensor] | None:

@@ -561,7 +561,7 @@ def _wilson_steps(W: Tensor, real: Tensor) -> Tensor:
     return torch.where((info == 0) & torch.isfinite(steps) & (steps > 0), steps, torch.full_like(steps, math.inf))
 
 
-def _wilson(C: Tensor, pid: Tensor, start_tree: Tensor) -> Tensor:
+def _wilson(C: Tensor, pid: Tensor, start_tree: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Wilson's algorithm (1996), vectorised over the rows: heads ``[R, N+1]`` (0 at the root).
 
     ``C [P, N+1, N+1]``: the cumulative weights over heads of every problem (``C[p, h, m]`` =
@@ -602,7 +602,7 @@ def _wilson(C: Tensor, pid: Tensor, start_tree: Tensor) -> Tensor:
         w_hit, w_step = walk & it, walk & ~it
         r_add, r_end = retr & ~it, retr & it
         col = C[pid, :, u]  # [R, N1]
-        x = torch.rand(rows.numel(), dtype=C.dtype, device=dev) * col[:, -1]
+        x = torch.rand(rows.numel(), dtype=C.dtype, device=dev, generator=generator) * col[:, -1]
         h = torch.searchsorted(col, x[:, None], right=True)[:, 0].clamp_max(N1 - 1)
         nxt_u = nxt[rows, u]
         nxt[rows, u] = torch.where(w_step, h, nxt_u)
@@ -619,7 +619,7 @@ def _wilson(C: Tensor, pid: Tensor, start_tree: Tensor) -> Tensor:
     return out
 
 
-def _sequential(logW: Tensor, real: Tensor) -> Tensor:
+def _sequential(logW: Tensor, real: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """Exact multi-root samples word after word: the head of word m is drawn from its marginal
     given the heads drawn so far (the other heads of the words already drawn forbidden). ``n``
     exact marginal computations; heads ``[R, N+1]``."""
@@ -632,7 +632,7 @@ def _sequential(logW: Tensor, real: Tensor) -> Tensor:
             continue
         _, mm = _solve(lw, real, single_root=False)
         p = torch.where(on[:, None], mm[:, :, m], torch.ones_like(mm[:, :, m]))
-        h = torch.multinomial(p, 1)[:, 0]
+        h = torch.multinomial(p, 1, generator=generator)[:, 0]
         off = on[:, None] & (torch.arange(N1, device=logW.device) != h[:, None])
         lw[:, :, m] = lw[:, :, m].masked_fill(off, -math.inf)
         heads[:, m] = torch.where(on, h, heads[:, m])
@@ -640,7 +640,7 @@ def _sequential(logW: Tensor, real: Tensor) -> Tensor:
 
 
 def _sample_heads(theta: Tensor, lengths: Tensor, single_root: bool, copies: int = 1,
-                  budget: float | None = None) -> Tensor:
+                  budget: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """``copies`` exact samples of heads of every example of ``theta [U, N+1, N+1]``: ``[copies * U, N]``
     (row ``j * U + u`` is the j-th sample of example u), float64 inside.
 
@@ -665,7 +665,7 @@ def _sample_heads(theta: Tensor, lengths: Tensor, single_root: bool, copies: int
         logZ, mu = _solve(logW, real, single_root=True)
         alive = torch.isfinite(logZ)
         p0 = torch.where(alive[:, None], mu[:, 0, 1:], real.double())
-        c = torch.multinomial(p0[idx], 1)[:, 0] + 1  # [R]
+        c = torch.multinomial(p0[idx], 1, generator=generator)[:, 0] + 1  # [R]
         # the problems: (example, root child) pairs
         key, pid = torch.unique(idx * N1 + c, return_inverse=True)
         pu, pc = key // N1, key % N1
@@ -686,13 +686,13 @@ def _sample_heads(theta: Tensor, lengths: Tensor, single_root: bool, copies: int
         start = torch.zeros(rows_easy.numel(), N1, dtype=torch.bool, device=dev)
         start[:, 0] = True
         start[:, 1:] = ~preal[pid[rows_easy]]
-        heads[rows_easy] = _wilson(W.cumsum(1), pid[rows_easy], start)
+        heads[rows_easy] = _wilson(W.cumsum(1), pid[rows_easy], start, generator)
     rows_hard = (palive & ~easy)[pid].nonzero().squeeze(1)
     if rows_hard.numel():
         chunk = max(1, (1 << 26) // (N1 * N1 * 8))
         for i in range(0, rows_hard.numel(), chunk):
             r = rows_hard[i : i + chunk]
-            heads[r] = _sequential(plw[pid[r]], preal[pid[r]])
+            heads[r] = _sequential(plw[pid[r]], preal[pid[r]], generator)
     return heads[:, 1:] * real[idx]
 
 
@@ -832,7 +832,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
                 if torch.equal(theta.detach().view(k, *base.shape), base.expand(k, *base.shape)) and torch.equal(
                         lengths.view(k, -1), self.lengths.expand(k, -1)):
                     U, copies = self._batch, k
-            heads = _sample_heads(theta[:U], lengths[:U], self.single_root, copies)
+            heads = _sample_heads(theta[:U], lengths[:U], self.single_root, copies, generator=semiring.generator)
             return self._score_trees(theta, heads, lengths)
         if isinstance(semiring, MaxSemiring):
             from .decode.arborescence import max_arborescence
@@ -923,7 +923,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             cand = cand[ok]
             sc = _inner(theta[b].expand(cand.shape[0], -1, -1), self._parts(cand, L[: cand.shape[0]], theta.dtype), 2) if cand.shape[0] else torch.zeros(0)
             per.append(cand[torch.isfinite(sc)] if cand.shape[0] else cand)
-        S = max(1, max(p.shape[0] for p in per))
+        S = max(1, max((p.shape[0] for p in per), default=0))
         heads = torch.zeros(S, self._batch, N, dtype=torch.long, device=theta.device)
         valid = torch.zeros(S, self._batch, dtype=torch.bool, device=theta.device)
         for b, p in enumerate(per):

@@ -235,6 +235,54 @@ def test_sample_frequencies_match_marginals(family):
         assert not as_multiset(samples[:, b].unique(dim=0)) - e.support()  # each sample is a structure
 
 
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_samples_from_a_generator_repeat_and_leave_the_global_stream_alone(family):
+    shape = largest(family)
+    g = torch.Generator().manual_seed(4)
+    d = family.cls(random_potentials(shape, 2, g, forbid=0.2), random_lengths(2, family.max_length(shape), g))
+    torch.manual_seed(0)
+    expected_global = torch.rand(3)
+    torch.manual_seed(0)
+    first = d.sample((50,), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(torch.rand(3), expected_global)  # the draws used the generator, not the global stream
+    assert torch.equal(d.sample((50,), generator=torch.Generator().manual_seed(1)), first)
+    assert not torch.equal(d.sample((50,), generator=torch.Generator().manual_seed(2)), first)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+@pytest.mark.parametrize("sample_shape", [(0,), (3, 0), (0, 2)], ids=str)
+def test_an_empty_sample_shape_gives_no_samples(family, sample_shape):
+    d = dist(Case(family, largest(family), True, 0.0))
+    samples = d.sample(sample_shape)
+    assert samples.shape == (*sample_shape, *d.log_potentials.shape)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+@pytest.mark.parametrize("sample_shape", [(-1,), (2, -3), (1.5,), (True,), "4", None], ids=repr)
+def test_a_bad_sample_shape_is_a_value_error_naming_it(family, sample_shape):
+    d = dist(Case(family, largest(family), False, 0.0))
+    with pytest.raises(ValueError, match="sample_shape: expected a sequence of sizes >= 0"):
+        d.sample(sample_shape)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_an_empty_batch_answers_every_query_with_empty_results(family):
+    shape = largest(family)
+    theta = torch.zeros(0, *shape, dtype=torch.float64, requires_grad=True)
+    d = family.cls(theta)
+    for value in (d.log_partition, d.max, d.count, d.entropy, d.kl(d), d.lengths):
+        assert value.shape == (0,)
+    for parts in (d.marginals, d.argmax):
+        assert parts.shape == theta.shape
+    assert d.sample((3,)).shape == (3, *theta.shape)
+    assert d.topk(2).shape == (2, *theta.shape)
+    values, valid = d.enumerate_support()
+    assert values.shape[1:] == theta.shape and valid.shape[1] == 0
+    assert d.log_prob(d.argmax).shape == (0,)
+    (g,) = torch.autograd.grad(d.log_partition.sum(), theta)
+    assert g.shape == theta.shape
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -393,6 +393,33 @@ def test_sample_api_frequencies_on_a_padded_batch(single_root):
     assert freq[mu == 0].abs().sum() == 0
 
 
+@ROOTS
+@pytest.mark.parametrize("scale", [1.0, 40.0], ids=["wilson", "sequential"])
+def test_samples_from_a_generator_repeat_and_leave_the_global_stream_alone(single_root, scale):
+    """Both samplers (Wilson's walk at ordinary scores, sequential conditioning at std 40) and the
+    single-root child draw take ``generator``; so do an empty and a bad ``sample_shape``."""
+    d = NP(torch.randn(2, 6, 6, generator=gen(37), dtype=torch.float64) * scale, torch.tensor([5, 3]), single_root=single_root)
+    torch.manual_seed(0)
+    expected_global = torch.rand(3)
+    torch.manual_seed(0)
+    first = d.sample((20,), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(torch.rand(3), expected_global)
+    assert torch.equal(d.sample((20,), generator=torch.Generator().manual_seed(1)), first)
+    assert d.sample((0, 2)).shape == (0, 2, 2, 6, 6)
+    with pytest.raises(ValueError, match="sample_shape"):
+        d.sample((-1,))
+
+
+@ROOTS
+def test_an_empty_batch_answers_every_query_with_empty_results(single_root):
+    d = NP(torch.zeros(0, 5, 5, dtype=torch.float64), single_root=single_root)
+    for value in (d.log_partition, d.max, d.count, d.entropy):
+        assert value.shape == (0,)
+    assert d.marginals.shape == d.argmax.shape == d.sample((2,)).shape[1:] == (0, 5, 5)
+    values, valid = d.enumerate_support()
+    assert values.shape[1:] == (0, 5, 5) and valid.shape[1] == 0
+
+
 @needs_decode
 def test_sampling_at_large_scale_uses_the_exact_sequential_sampler():
     """Wilson's algorithm would run for ~e^100 steps here; the sampler switches by its expected time."""
