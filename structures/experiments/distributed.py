@@ -21,6 +21,7 @@ import random
 import socket
 import tempfile
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Sequence
 
@@ -92,7 +93,8 @@ def _worker(rank: int, config: Config, out: str) -> None:
     """One process of :func:`train_data_parallel`: joins the group, trains, saves its :class:`Run`.
     One torch thread per process: the processes themselves are the parallelism."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=config.world_size)
+    # a bounded wait: a rank whose peer died raises instead of waiting in a collective for ever
+    dist.init_process_group("gloo", rank=rank, world_size=config.world_size, timeout=timedelta(seconds=120))
     try:
         model, optimizer = _model_and_optimizer(config)
         ddp = DistributedDataParallel(model)  # averages the gradients of the ranks in backward
