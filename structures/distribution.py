@@ -79,8 +79,10 @@ def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
     return out.masked_fill(hit, -math.inf)
 
 
-class StructuredDistribution:
-    """Base class. A subclass sets ``program`` (a :class:`semiring.Program` with one input) and
+class StructuredDistribution(torch.distributions.Distribution):
+    """Base class, a ``torch.distributions.Distribution``: ``batch_shape [B]``, ``event_shape`` the
+    parts' shape, ``mean`` the marginals, ``mode`` the argmax, ``entropy()``, and
+    ``torch.distributions.kl_divergence(p, q)`` (= ``p.kl(q)``). A subclass sets ``program`` (a :class:`semiring.Program` with one input) and
     ``shape`` (the potentials' shape, e.g. ``"B, N-1, C, C"``), and may override ``decode``,
     ``to_parts`` (from the decoded form) and ``__init__`` for its own constructors.
 
@@ -105,6 +107,7 @@ class StructuredDistribution:
     program: ClassVar[Program]
     shape: ClassVar[str]
     potentials: ClassVar[str | None] = None  # the program input holding the potentials (default: its only input)
+    arg_constraints: ClassVar[dict] = {}  # the constructors check their arguments themselves
 
     def __init__(self, log_potentials: Tensor, lengths: Lengths = None, shared: dict[str, Tensor] | None = None):
         check_shape("log_potentials", log_potentials, self.shape)
@@ -117,6 +120,7 @@ class StructuredDistribution:
         self._shared = {k: v.float() if low else v for k, v in (shared or {}).items() if k not in self._lookups}
         self._batch = log_potentials.shape[0]
         self._lengths = self._check_lengths(lengths)
+        super().__init__(torch.Size([self._batch]), log_potentials.shape[1:], validate_args=False)
 
     def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
         """Validate ``lengths`` (``ValueError`` naming it); ``None`` means every example is full length."""
@@ -154,10 +158,6 @@ class StructuredDistribution:
         return int(self.program.lengths_allowed(self._shapes).max())
 
     # ------------------------------------------------------------------ plumbing
-
-    @property
-    def batch_shape(self) -> torch.Size:
-        return torch.Size([self._batch])
 
     @property
     def lengths(self) -> Tensor | dict[str, Tensor]:
@@ -302,10 +302,28 @@ class StructuredDistribution:
         score = self.score(value)
         return self._out((score - self.run(sr.Log)).masked_fill(torch.isneginf(score), -math.inf))
 
-    @cached_property
     def entropy(self) -> Tensor:
         """``[B]``: H(p) = log Z − ⟨θ, μ⟩ (0 where no structure remains: p and μ are 0)."""
+        return self._entropy
+
+    @cached_property
+    def _entropy(self) -> Tensor:
         return self._out(self._cross_entropy(self, self._expected_counts()))
+
+    @property
+    def mean(self) -> Tensor:
+        """``[B, *parts]``: E[z], the marginals."""
+        return self.marginals
+
+    @property
+    def mode(self) -> Tensor:
+        """``[B, *parts]``: a most probable structure, the argmax."""
+        return self.argmax
+
+    @property
+    def variance(self) -> Tensor:
+        """``[B, *parts]``: the variance of each part's 0/1 indicator, μ (1 − μ)."""
+        return self.marginals * (1 - self.marginals)
 
     def cross_entropy(self, q: "StructuredDistribution") -> Tensor:
         """``[B]``: −E_p[log q(z)] = log Z_q − ⟨θ_q, μ_p⟩ (``+inf`` where p puts mass q forbids)."""
@@ -442,3 +460,9 @@ def _equal(a: Tensor | Mapping[str, Tensor], b: Tensor | Mapping[str, Tensor]) -
     if isinstance(a, Mapping) or isinstance(b, Mapping):
         return isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
     return torch.equal(a, b)
+
+
+@torch.distributions.kl.register_kl(StructuredDistribution, StructuredDistribution)
+def _kl_divergence(p: StructuredDistribution, q: StructuredDistribution) -> Tensor:
+    """``torch.distributions.kl_divergence(p, q)``: ``p.kl(q)``."""
+    return p.kl(q)

@@ -175,7 +175,7 @@ def part2() -> None:
     show("argmax / max", f"shape {list(d.argmax.shape)} / {fmt(d.max)}")
     show("sample((4,))", f"shape {list(d.sample((4,)).shape)}")
     show("topk(3)", f"shape {list(d.topk(3).shape)}; scores {fmt(d.topk_scores(3)[:, 0])}")
-    show("entropy", fmt(d.entropy))
+    show("entropy", fmt(d.entropy()))
     show("count", d.count.long().tolist())
     values, valid = d.enumerate_support()
     show("enumerate_support()", f"values {list(values.shape)}, valid per example {valid.sum(0).tolist()}")
@@ -195,7 +195,7 @@ def part3() -> None:
     show("marginals (edge) / tag_marginals", f"{list(crf.marginals.shape)} / {list(crf.tag_marginals.shape)}")
     show("decode()", crf.decode().tolist(), "(0 past each length)")
     show("a sample, as tags", crf.tags(crf.sample()).tolist())
-    show("entropy", fmt(crf.entropy))
+    show("entropy", fmt(crf.entropy()))
     show("count", crf.count.long().tolist(), "(3^5, 3^3)")
 
     print("\n-- HopChainCRF.unary: K = 3 hops over F = 4 facts, the last fact masked, no repeats")
@@ -211,7 +211,7 @@ def part3() -> None:
     show("log Z", fmt(semi.log_partition))
     show("decode() (label per position)", semi.decode().tolist())
     show("count", semi.count.long().tolist())
-    show("entropy", fmt(semi.entropy))
+    show("entropy", fmt(semi.entropy()))
 
     print("\n-- ProjectiveDependencyCRF: projective dependency trees (Eisner's chart in the language)")
     arcs = torch.randn(2, 6, 6)  # [B, N+1, N+1]: arc[h, m], index 0 is the root symbol

@@ -79,7 +79,7 @@ def test_every_query_equals_enumeration_of_the_paths(N, M, kind, forbid):
     assert_close(d.score(d.argmax)[some], d.max[some])
     assert (d.argmax[~some] == 0).all()
     assert_close(d.topk_scores(3), torch.stack([e.topk_scores(3) for e in enums], 1))
-    assert_close(d.entropy, stack(lambda e: e.entropy))
+    assert_close(d.entropy(), stack(lambda e: e.entropy))
     assert_close(d.kl(q), torch.stack([e.kl(f) for e, f in zip(enums, q_enums)]))
     values, valid = d.enumerate_support()
     for b, e in enumerate(enums):
@@ -170,7 +170,7 @@ def test_nothing_left_gives_minus_inf_zero_marginals_and_no_nan():
     theta[0, 1, :] = -math.inf  # no path passes row 1
     d = AlignmentCRF(theta)
     assert d.log_partition[0] == -math.inf and torch.isfinite(d.log_partition[1])
-    for t in (d.marginals, d.argmax, d.sample((3,)), d.entropy):
+    for t in (d.marginals, d.argmax, d.sample((3,)), d.entropy()):
         assert not torch.isnan(t).any()
     assert (d.marginals[0] == 0).all() and (d.argmax[0] == 0).all()
     assert (d.decode()[0] == -1).all()
@@ -200,5 +200,5 @@ def test_no_query_mutates_its_inputs():
     theta, lengths, _ = problem(3, 4, "many_to_many", 0.2)
     before = theta.clone(), {k: v.clone() for k, v in lengths.items()}
     d = AlignmentCRF(theta, lengths)
-    d.marginals, d.sample((2,)), d.topk(2), d.entropy, d.decode()
+    d.marginals, d.sample((2,)), d.topk(2), d.entropy(), d.decode()
     assert torch.equal(theta, before[0]) and all(torch.equal(lengths[k], before[1][k]) for k in lengths)

@@ -143,7 +143,7 @@ def test_random_chains_match_brute_force_and_are_never_nan(chain):
     enums = CHAIN.enumerate(theta, lengths)
     assert_close(crf.log_partition, torch.stack([e.log_partition for e in enums]))
     assert_close(crf.marginals, torch.stack([e.marginals for e in enums]))
-    for result in (crf.log_partition, crf.marginals, crf.entropy, crf.argmax, crf.max):
+    for result in (crf.log_partition, crf.marginals, crf.entropy(), crf.argmax, crf.max):
         assert not result.isnan().any()
     finite = crf.log_partition.isfinite()
     per_position = crf.marginals.sum((-1, -2))

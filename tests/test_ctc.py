@@ -65,7 +65,7 @@ def test_every_query_equals_enumeration_of_the_alignments(forbid, blank):
     assert d.count.tolist() == [e.count for e in enums]
     assert_close(d.max, stack(lambda e: e.max))
     assert_close(d.topk_scores(3), torch.stack([e.topk_scores(3) for e in enums], 1))
-    assert_close(d.entropy, stack(lambda e: e.entropy))
+    assert_close(d.entropy(), stack(lambda e: e.entropy))
     assert_close(d.kl(q), torch.stack([e.kl(f) for e, f in zip(enums, q_enums)]))
     values, valid = d.enumerate_support()
     for b, e in enumerate(enums):
@@ -163,7 +163,7 @@ def test_an_infeasible_example_has_zero_gradient_where_ctc_loss_has_nan():
     (g,) = torch.autograd.grad(CTC(x.log_softmax(-1), targets, n, m).log_partition[-1], x)
     assert (g == 0).all()
     d = CTC(logits.log_softmax(-1), targets, n, m)
-    assert (d.marginals[-1] == 0).all() and (d.argmax[-1] == 0).all() and d.entropy[-1] == 0
+    assert (d.marginals[-1] == 0).all() and (d.argmax[-1] == 0).all() and d.entropy()[-1] == 0
 
 
 def test_gradcheck_and_gradgradcheck():
@@ -212,5 +212,5 @@ def test_no_query_mutates_its_inputs():
     logp, targets, n, m = small_problem(5)
     before = [t.clone() for t in (logp, targets, n, m)]
     d = CTC(logp, targets, n, m)
-    d.marginals, d.sample((2,)), d.topk(2), d.entropy, d.decode()
+    d.marginals, d.sample((2,)), d.topk(2), d.entropy(), d.decode()
     assert all(torch.equal(a, b) for a, b in zip(before, (logp, targets, n, m)))

@@ -116,7 +116,7 @@ def test_enumerate_support_is_every_structure(case):
 
 @per_case
 def test_entropy_is_minus_sum_p_log_p(case):
-    assert_close(dist(case).entropy, torch.stack([e.entropy for e in problem(case).enums]))
+    assert_close(dist(case).entropy(), torch.stack([e.entropy for e in problem(case).enums]))
 
 
 @per_case
@@ -265,12 +265,24 @@ def test_a_bad_sample_shape_is_a_value_error_naming_it(family, sample_shape):
         d.sample(sample_shape)
 
 
+@per_case
+def test_a_torch_distribution_with_kl_divergence_registered(case):
+    d, q = dist(case), dist(case, problem(case).q_theta)
+    assert isinstance(d, torch.distributions.Distribution)
+    assert d.batch_shape == d.log_potentials.shape[:1] and d.event_shape == d.log_potentials.shape[1:]
+    assert_close(torch.distributions.kl_divergence(d, q), d.kl(q))
+    assert_close(d.mean, d.marginals)
+    assert torch.equal(d.mode, d.argmax)
+    assert_close(d.variance, d.marginals * (1 - d.marginals))
+    assert_close(d.perplexity(), d.entropy().exp())
+
+
 @pytest.mark.parametrize("family", FAMILIES, ids=str)
 def test_an_empty_batch_answers_every_query_with_empty_results(family):
     shape = largest(family)
     theta = torch.zeros(0, *shape, dtype=torch.float64, requires_grad=True)
     d = family.cls(theta)
-    for value in (d.log_partition, d.max, d.count, d.entropy, d.kl(d), d.lengths):
+    for value in (d.log_partition, d.max, d.count, d.entropy(), d.kl(d), d.lengths):
         assert value.shape == (0,)
     for parts in (d.marginals, d.argmax):
         assert parts.shape == theta.shape
@@ -352,7 +364,7 @@ def test_no_query_mutates_its_inputs(family):
     queries = [
         lambda: d.log_partition, lambda: d.marginals, lambda: d.max, lambda: d.argmax, lambda: d.decode(),
         lambda: d.topk(3), lambda: d.topk_scores(3), lambda: d.sample((5,)), lambda: d.count,
-        lambda: d.entropy, lambda: d.cross_entropy(q), lambda: d.kl(q), lambda: d.enumerate_support(),
+        lambda: d.entropy(), lambda: d.cross_entropy(q), lambda: d.kl(q), lambda: d.enumerate_support(),
         lambda: d.log_prob(d.argmax), lambda: d.lengths, lambda: d.expected_score(other),
         lambda: d.marginals_backward(other),
         lambda: family.cls(theta.clone().requires_grad_(), lengths).marginals.sum().backward(),
@@ -381,7 +393,7 @@ def test_nothing_left_gives_minus_inf_zero_marginals_and_no_nan(family):
     assert (d.topk_scores(2)[:, 0] == -math.inf).all()
     values, valid = d.enumerate_support()
     assert not valid[:, 0].any()
-    for result in (d.marginals, d.argmax, d.entropy, d.cross_entropy(q), d.kl(q), q.kl(d), q.cross_entropy(d),
+    for result in (d.marginals, d.argmax, d.entropy(), d.cross_entropy(q), d.kl(q), q.kl(d), q.cross_entropy(d),
                    d.log_prob(d.sample((3,))), d.topk(2), d.sample((3,)), d.expected_score(theta.nan_to_num()),
                    d.marginals_backward(theta.nan_to_num())):
         assert not result.isnan().any()
@@ -399,8 +411,10 @@ def test_half_precision_is_computed_in_float32_and_returned_in_input_dtype(famil
     low = random_potentials(shape, 2, g, forbid=0.2, dtype=torch.float32).to(dtype)
     lengths = random_lengths(2, family.max_length(shape), g)
     d, ref = family.cls(low, lengths), family.cls(low.float(), lengths)
-    for query in ("log_partition", "marginals", "max", "argmax", "entropy"):
-        got, expected = getattr(d, query), getattr(ref, query)
+    queries = {"log_partition": lambda x: x.log_partition, "marginals": lambda x: x.marginals, "max": lambda x: x.max,
+               "argmax": lambda x: x.argmax, "entropy": lambda x: x.entropy()}
+    for query, ask in queries.items():
+        got, expected = ask(d), ask(ref)
         assert got.dtype == dtype, query
         assert_close(got.float(), expected, rtol=tol, atol=tol, msg=query)
     assert d.sample((2,)).dtype == dtype and d.topk(2).dtype == dtype
@@ -418,5 +432,5 @@ def test_gradient_queries_work_under_no_grad(family):
         assert_close(d.marginals, expected.marginals)
         assert_close(d.argmax, expected.argmax)
         assert_close(d.topk(2), expected.topk(2))
-        assert_close(d.entropy, expected.entropy)
+        assert_close(d.entropy(), expected.entropy())
         assert d.sample((3,)).flatten(2).sum(-1).gt(0).all() or expected.max.isneginf().any()

@@ -98,7 +98,7 @@ def test_every_query_matches_enumeration(single_root, n, scale):
         p = (scores - logz).exp()
         assert_close(d.log_partition[b], logz, atol=1e-10, rtol=1e-12)
         assert_close(d.marginals[b], mu, atol=1e-10, rtol=0)
-        assert_close(d.entropy[b], -(p * (scores - logz)).sum(), atol=1e-9, rtol=1e-9)
+        assert_close(d.entropy()[b], -(p * (scores - logz)).sum(), atol=1e-9, rtol=1e-9)
         assert_close(d.cross_entropy(q)[b], -(p * (q_scores - q_logz)).sum(), atol=1e-9, rtol=1e-9)
         assert_close(d.kl(q)[b], (p * (scores - logz - q_scores + q_logz)).sum(), atol=1e-9, rtol=1e-9)
         best = int(scores.argmax())
@@ -224,7 +224,7 @@ def test_padded_batch_equals_examples_one_by_one(single_root):
         assert_close(d.log_partition[b], one.log_partition[0], rtol=1e-14, atol=1e-14)
         assert_close(d.marginals[b, : n + 1, : n + 1], one.marginals[0], rtol=0, atol=1e-14)
         assert d.marginals[b, n + 1 :].abs().sum() == 0 and d.marginals[b, :, n + 1 :].abs().sum() == 0
-        assert_close(d.entropy[b], one.entropy[0], rtol=1e-12, atol=1e-12)
+        assert_close(d.entropy()[b], one.entropy()[0], rtol=1e-12, atol=1e-12)
         assert d.decode()[b, :n].tolist() == one.decode()[0].tolist() and d.decode()[b, n:].abs().sum() == 0
         assert d.count[b] == one.count[0]
 
@@ -282,7 +282,7 @@ def test_nothing_left_gives_minus_inf_zero_marginals_and_no_nan(single_root):
     d = NP(theta + block, single_root=single_root)
     assert d.log_partition[0] == -math.inf and torch.isfinite(d.log_partition[1])
     assert d.marginals[0].abs().sum() == 0 and not torch.isnan(d.marginals).any()
-    assert d.entropy[0] == 0 and torch.isfinite(d.entropy[1])
+    assert d.entropy()[0] == 0 and torch.isfinite(d.entropy()[1])
     assert d.argmax[0].abs().sum() == 0 and d.max[0] == -math.inf
     assert d.count[0] == 0
     assert d.sample((4,))[:, 0].abs().sum() == 0
@@ -411,9 +411,20 @@ def test_samples_from_a_generator_repeat_and_leave_the_global_stream_alone(singl
 
 
 @ROOTS
+def test_a_torch_distribution_with_kl_divergence_registered(single_root):
+    g = gen(41)
+    d, q = (NP(torch.randn(2, 6, 6, generator=g, dtype=torch.float64), torch.tensor([5, 3]), single_root=single_root)
+            for _ in range(2))
+    assert isinstance(d, torch.distributions.Distribution)
+    assert d.batch_shape == (2,) and d.event_shape == (6, 6)
+    assert_close(torch.distributions.kl_divergence(d, q), d.kl(q))
+    assert_close(d.mean, d.marginals)
+
+
+@ROOTS
 def test_an_empty_batch_answers_every_query_with_empty_results(single_root):
     d = NP(torch.zeros(0, 5, 5, dtype=torch.float64), single_root=single_root)
-    for value in (d.log_partition, d.max, d.count, d.entropy):
+    for value in (d.log_partition, d.max, d.count, d.entropy()):
         assert value.shape == (0,)
     assert d.marginals.shape == d.argmax.shape == d.sample((2,)).shape[1:] == (0, 5, 5)
     values, valid = d.enumerate_support()
@@ -501,7 +512,7 @@ def test_inputs_are_not_modified():
     keep = theta.clone()
     lengths = torch.tensor([5, 4])
     d = NP(theta, lengths, single_root=True)
-    _ = (d.log_partition, d.marginals, d.entropy, d.argmax, d.sample((2,)), d.count, d.topk(2))
+    _ = (d.log_partition, d.marginals, d.entropy(), d.argmax, d.sample((2,)), d.count, d.topk(2))
     assert torch.equal(theta, keep) and torch.equal(lengths, torch.tensor([5, 4]))
 
 

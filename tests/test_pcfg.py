@@ -93,7 +93,7 @@ def test_pcfg_equals_enumeration_of_every_tree(lengths):
         assert_close(d.marginals[b], e.marginals)
         assert_close(d.max[b], e.scores.max())
         assert_close(d.topk_scores(3)[:, b], e.scores.topk(3).values)
-        assert_close(d.entropy[b], -(e.log_probs.exp() * e.log_probs.masked_fill(~finite, 0)).sum())
+        assert_close(d.entropy()[b], -(e.log_probs.exp() * e.log_probs.masked_fill(~finite, 0)).sum())
         assert_close(d.log_prob(e.charts.unsqueeze(1).expand(-1, 2, -1, -1, -1))[:, b], e.log_probs)
         best = e.charts[e.scores.argmax()]
         assert_close(d.argmax[b], best)
@@ -200,7 +200,7 @@ def test_inputs_are_not_modified():
     terms, rules, roots = grammar()
     before = [t.clone() for t in (terms, rules, roots)]
     d = PCFG(terms, rules, roots)
-    d.marginals, d.sample((2,)), d.entropy
+    d.marginals, d.sample((2,)), d.entropy()
     for t, b in zip((terms, rules, roots), before):
         assert torch.equal(t, b)
 

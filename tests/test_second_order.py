@@ -70,7 +70,7 @@ def test_every_query_equals_enumeration_of_every_projective_tree(n, single_root,
     assert_close(d.max, stack(lambda e: e.max))
     assert_close(d.topk_scores(3), torch.stack([e.topk_scores(3) for e in enums], 1))
     assert d.count.tolist() == [e.count for e in enums]
-    assert_close(d.entropy, stack(lambda e: e.entropy))
+    assert_close(d.entropy(), stack(lambda e: e.entropy))
     assert_close(d.kl(q), torch.stack([e.kl(f) for e, f in zip(enums, q_enums)]))
     values, valid = d.enumerate_support()
     for b, e in enumerate(enums):
@@ -158,7 +158,7 @@ def test_inputs_are_not_mutated():
     before = arc.clone(), sib.clone(), lengths.clone()
     d = SecondOrderDependencyCRF(arc, sib, lengths)
     for query in (lambda: d.marginals, lambda: d.sibling_marginals, lambda: d.decode(), lambda: d.sample((2,)),
-                  lambda: d.topk(2), lambda: d.entropy, lambda: d.log_prob(d.decode())):
+                  lambda: d.topk(2), lambda: d.entropy(), lambda: d.log_prob(d.decode())):
         query()
     assert torch.equal(arc, before[0]) and torch.equal(sib, before[1]) and torch.equal(lengths, before[2])
 
