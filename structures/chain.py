@@ -34,6 +34,13 @@ class LinearChainCRF(StructuredDistribution):
         self._emission_parts: tuple[Tensor, Tensor] | None = None  # (emissions with start/end folded in, transitions)
 
     @classmethod
+    def from_torch_struct(cls, log_potentials: Tensor, lengths: Tensor | None = None) -> "LinearChainCRF":
+        """The distribution of torch-struct's ``LinearChainCRF(log_potentials, lengths)``, whose
+        ``log_potentials [B, N-1, C, C]`` are ``[b, i, to, from]`` (ours: ``[b, i, from, to]``)."""
+        check_shape("log_potentials", log_potentials, "B, N-1, C, C")
+        return cls(log_potentials.transpose(-1, -2), lengths)
+
+    @classmethod
     def from_emissions(cls, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
                        end: Tensor | None = None, lengths: Tensor | None = None) -> "LinearChainCRF":
         """The CRF ``score(tags) = start[t_0] + Σ_i emissions[i, t_i] + Σ_i transitions[t_i, t_{i+1}] + end[t_{n-1}]``.

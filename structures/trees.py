@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .distribution import check_shape
 from .optional import require
 
 
@@ -17,8 +18,26 @@ def arcs(heads: Tensor, lengths: Tensor, n1: int, dtype: torch.dtype) -> Tensor:
     return torch.cat([torch.zeros_like(onehot[..., :1]), onehot], -1)
 
 
+def root_row(arc_scores: Tensor) -> Tensor:
+    """``[B, N+1, N+1]`` potentials (row 0 the root) of arc scores ``[B, N, N]`` with the root's
+    arcs on the diagonal (torch-struct's layout); column 0 and the diagonal, never used, hold 0."""
+    B, N, _ = arc_scores.shape
+    eye = torch.eye(N, dtype=torch.bool, device=arc_scores.device)
+    root = arc_scores.diagonal(0, 1, 2).unsqueeze(1)  # [B, 1, N]: root -> m
+    rows = torch.cat([root, arc_scores.masked_fill(eye, 0.0)], 1)  # [B, N+1, N]
+    return torch.cat([rows.new_zeros(B, N + 1, 1), rows], 2)
+
+
 class DependencyTrees:
     """Mixin of the dependency-tree distributions (potentials ``[B, N+1, N+1]``, ``[b, h, m]``)."""
+
+    @classmethod
+    def from_torch_struct(cls, arc_scores: Tensor, *args, **kwargs):
+        """The distribution of torch-struct's ``DependencyCRF(arc_scores, lengths)``: ``arc_scores
+        [B, N, N]`` scores head ``h`` -> modifier ``m`` among words ``0..N-1`` with the root's arcs
+        on the diagonal (``[b, m, m]``: root -> m). The other arguments are the constructor's."""
+        check_shape("arc_scores", arc_scores, "B, N, N")
+        return cls(root_row(arc_scores), *args, **kwargs)
 
     def decode(self) -> Tensor:
         """``[B, N]`` long: the head of every word of the best tree (0 = root; 0 past each length)."""

@@ -1,0 +1,55 @@
+"""docs/porting.md: its examples run against torch-struct and pytorch-crf and agree with them, and
+the SuPar conversions its table gives hold."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from structures import ConstituencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
+PEERS = {"torch-struct": "torch_struct", "pytorch-crf": "torchcrf"}
+
+
+def examples() -> dict[str, str]:
+    """The ```python block under each ``## `` heading of docs/porting.md."""
+    out, heading = {}, ""
+    for part in re.split(r"(^## [^\n]*$|^```python\n.*?^```$)", DOC.read_text(), flags=re.M | re.S):
+        if part.startswith("## "):
+            heading = part[3:].strip()
+        elif part.startswith("```python"):
+            out[heading] = part[len("```python\n"):-3]
+    return out
+
+
+def test_the_guide_has_an_example_per_peer():
+    assert set(examples()) == set(PEERS)
+
+
+@pytest.mark.parametrize("peer", sorted(PEERS))
+def test_example_runs_and_agrees_with_the_peer(peer):
+    pytest.importorskip(PEERS[peer])
+    torch.manual_seed(0)
+    exec(compile(examples()[peer], str(DOC), "exec"), {"__name__": "docs_porting"})
+
+
+def test_supar_layouts_convert_as_the_table_says():
+    structs = pytest.importorskip("supar.structs")
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([5, 3])
+    scores = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)  # SuPar: [b, dependent, head]
+    for single_root in (True, False):  # SuPar's default is one root child (multiroot=False)
+        theirs = structs.DependencyCRF(scores, lengths, multiroot=not single_root)
+        ours = ProjectiveDependencyCRF(scores.transpose(1, 2), lengths, single_root=single_root)
+        assert_close(ours.log_partition, theirs.log_partition)
+    sibs = torch.randn(2, 6, 6, 6, generator=g, dtype=torch.float64)  # SuPar: [b, modifier, head, sibling]
+    theirs = structs.Dependency2oCRF((scores, sibs), lengths)
+    ours = SecondOrderDependencyCRF(scores.transpose(1, 2), sibs.permute(0, 2, 3, 1), lengths, single_root=True)
+    assert_close(ours.log_partition, theirs.log_partition)
+    spans = torch.randn(2, 6, 6, generator=g, dtype=torch.float64)  # SuPar: fenceposts, [i, j] covers i..j-1
+    theirs = structs.ConstituencyCRF(spans, lengths)
+    ours = ConstituencyCRF(spans[:, :-1, 1:, None], lengths)
+    assert_close(ours.log_partition, theirs.log_partition)
