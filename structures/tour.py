@@ -8,6 +8,7 @@ Part 3 shows the shipped structures. Everything here uses only the public API an
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import torch
@@ -224,7 +225,8 @@ def part3() -> None:
     show("single_root=True: count", single.count.long().tolist(), "(the root has exactly one child)")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(prog="python -m structures.tour", description=__doc__.split("\n\n")[1].replace("\n", " ")).parse_args(argv)
     torch.set_printoptions(precision=3)
     part1()
     part2()

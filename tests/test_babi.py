@@ -99,3 +99,10 @@ def test_quick_run_writes_tables_and_figures(tmp_path):
     assert {r["task"] for r in table} == {"2", "average"}
     assert all(0 <= float(r["test_answer"]) <= 100 and 0 <= float(r["test_fact"]) <= 100 for r in table)
     assert table[0]["paper_answer"] == "87.3" and float(table[0]["seconds"]) > 0
+
+
+def test_options_that_cannot_run_are_refused_before_any_training(capsys):
+    """Task 1 has one hop; the binary chain needs two: an argparse error, not a crash after MemN2N trained."""
+    with pytest.raises(SystemExit):
+        babi.main(["--tasks", "1", "2", "--models", "memn2n", "binary", "--data-dir", "/nonexistent"])
+    assert "the binary hop chain needs K >= 2 hops; tasks [1]" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
@@ -21,3 +22,10 @@ def default_data_dir() -> Path:
     if beside_checkout.exists():
         return beside_checkout
     return Path.cwd().parent / "shared" / "data"
+
+
+def command_line(name: str, doc: str) -> argparse.ArgumentParser:
+    """The argument parser of ``python -m structures.experiments.NAME``: the module's first paragraph
+    as its description, every option's default shown in ``--help``."""
+    return argparse.ArgumentParser(prog=f"python -m structures.experiments.{name}", description=doc.split("\n\n")[0],
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)

@@ -15,7 +15,6 @@ decoded hop chain) on the test set.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import os
@@ -28,7 +27,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ..nn import AttentionOutput, HopAttention, MemoryHopAttention
-from . import default_data_dir
+from . import command_line, default_data_dir
 from .babi_data import Batch, build_vocab, read_examples, task_files, to_batch
 
 MODELS = ("memn2n", "binary", "unary")
@@ -384,7 +383,7 @@ def plot_hops(model: BabiModel, task: Task, path: Path, index: int | None = None
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line("babi", __doc__)
     parser.add_argument("--data-dir", type=Path, default=default_data_dir(),
                         help="the shared data sets (default: $STRUCTURES_DATA_DIR, else ../shared/data beside the checkout)")
     parser.add_argument("--tasks", type=int, nargs="+", default=list(DEFAULT_TASKS))
@@ -399,6 +398,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
     parser.add_argument("--out", type=Path, default=Path("results") / "babi")
     args = parser.parse_args(argv)
+    one_hop = [t for t in args.tasks if hops_for(t) < 2]
+    if "binary" in args.models and one_hop:
+        parser.error(f"--models binary: the binary hop chain needs K >= 2 hops; tasks {one_hop} have one (use memn2n or unary)")
     torch.set_num_threads(args.threads)
     limit = None
     if args.quick:

@@ -15,7 +15,6 @@ rank must equal those of the single-process run (up to rounding).
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import socket
@@ -30,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+from . import command_line
 from . import transduction as T
 
 
@@ -141,7 +141,7 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 
 def main(argv: Sequence[str] | None = None) -> tuple[list[Run], Run]:
-    p = argparse.ArgumentParser(prog="python -m structures.experiments.distributed", description=__doc__.split("\n\n")[0])
+    p = command_line("distributed", __doc__)
     p.add_argument("--steps", type=int, default=Config.steps)
     p.add_argument("--batch-size", type=int, default=Config.batch_size)
     p.add_argument("--dim", type=int, default=Config.dim)

@@ -15,7 +15,6 @@ checked against ours); without hmmlearn the comparison is skipped.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import statistics
@@ -29,7 +28,7 @@ import torch
 from structures.hmm import Batch, HMMParameters, batches, em_step, fit
 
 from .clustering import many_to_one, v_measure
-from . import default_data_dir
+from . import command_line, default_data_dir
 from .ud import TREEBANKS, Sentence, read_conllu
 
 
@@ -119,7 +118,7 @@ def draw(curve: list[dict], tokens: int, path: Path, title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = command_line("hmm_pos", __doc__)
     p.add_argument("--states", type=int, default=45)
     p.add_argument("--iterations", type=int, default=300)
     p.add_argument("--smoothing", type=float, default=0.0, help="pseudo-count added to every expected count")

@@ -27,7 +27,6 @@ chain baselines (``right-branching``: every word headed by the word before it;
 
 from __future__ import annotations
 
-import argparse
 import csv
 import random
 import time
@@ -44,7 +43,7 @@ from structures.nn import StructuredSelfAttention
 
 from .attachment import Attachment, TreeStatistics
 from .parse import length_groups, markdown_table
-from . import default_data_dir
+from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu
 
 PAD, UNK, MASK = 0, 1, 2
@@ -183,7 +182,7 @@ def score_trees(sentences: Sequence[Sentence], trees: Sequence[Sequence[int]]) -
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = command_line("induce", __doc__)
     p.add_argument("--language", choices=sorted(LANGUAGES), default="en")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--quick", action="store_true", help="a small slice and one epoch (seconds)")

@@ -24,7 +24,6 @@ padded length apart (see :func:`evaluate`).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import random
 import time
@@ -40,7 +39,7 @@ from tqdm import tqdm
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
 
 from .attachment import Attachment, TreeShapes, is_projective
-from . import default_data_dir
+from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu, write_conllu
 
 LOSSES = ("projective", "nonprojective", "local")
@@ -354,7 +353,7 @@ def build(train: Sequence[Sentence], seed: int) -> tuple[Vocab, BiaffineParser]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = command_line("parse", __doc__)
     p.add_argument("--treebank", choices=sorted(TREEBANKS), default="lassysmall")
     p.add_argument("--loss", choices=LOSSES, default="nonprojective")
     p.add_argument("--epochs", type=int, default=20)

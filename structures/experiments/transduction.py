@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..nn import SoftmaxAttention, SyntacticAttention
+from . import command_line
 from .arithmetic import SYMBOLS, Pair, sample_pairs
 
 KINDS = ("none", "simple", "structured")
@@ -406,7 +407,7 @@ MODES = {
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     repo = Path(__file__).resolve().parents[2]
-    p = argparse.ArgumentParser(prog="python -m structures.experiments.transduction", description=__doc__.split("\n\n")[0])
+    p = command_line("transduction", __doc__)
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="a tiny run (seconds)")
     mode.add_argument("--full", action="store_true", help="the paper's sizes: 15K pairs, 13 epochs, SGD lr 1")
