@@ -26,6 +26,7 @@ class LinearChainCRF(StructuredDistribution):
         alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]
         goal        += alpha[n-1, c]
     """)
+    every_decoded_value_is_a_structure = True  # any tags in range
     shape = "B, N-1, C, C"
 
     def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):

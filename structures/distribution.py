@@ -108,6 +108,7 @@ class StructuredDistribution(torch.distributions.Distribution):
     shape: ClassVar[str]
     potentials: ClassVar[str | None] = None  # the program input holding the potentials (default: its only input)
     arg_constraints: ClassVar[dict] = {}  # the constructors check their arguments themselves
+    every_decoded_value_is_a_structure: ClassVar[bool] = False  # (tags of a chain): log_prob need not check them
 
     def __init__(self, log_potentials: Tensor, lengths: Lengths = None, shared: dict[str, Tensor] | None = None):
         check_shape("log_potentials", log_potentials, self.shape)
@@ -120,7 +121,7 @@ class StructuredDistribution(torch.distributions.Distribution):
         self._shared = {k: v.float() if low else v for k, v in (shared or {}).items() if k not in self._lookups}
         self._batch = log_potentials.shape[0]
         self._lengths = self._check_lengths(lengths)
-        super().__init__(torch.Size([self._batch]), log_potentials.shape[1:], validate_args=False)
+        super().__init__(torch.Size([self._batch]), log_potentials.shape[1:])  # validate_args: torch's default
 
     def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
         """Validate ``lengths`` (``ValueError`` naming it); ``None`` means every example is full length."""
@@ -139,14 +140,17 @@ class StructuredDistribution(torch.distributions.Distribution):
         return {k: v.repeat(copies, *[1] * (v.dim() - 1)) if copies > 1 and v.shape[0] == self._batch else v
                 for k, v in self._lookups.items()}
 
-    def _inputs(self, theta: Tensor, expand: bool = False, detach: bool = False) -> dict[str, Tensor]:
+    def _inputs(self, theta: Tensor, expand: bool = False, detach: bool = False, constraints: bool = False) -> dict[str, Tensor]:
         """Every program input, in program order, for potentials ``theta`` (a batch of k·B rows for
         k copies of the batch); with ``expand``, shared scores of batch 1 are expanded to the batch;
-        with ``detach``, they are cut from the graph (queries differentiated by θ alone)."""
+        with ``detach``, they are cut from the graph (queries differentiated by θ alone); with
+        ``constraints``, they keep only what they forbid (0, or -inf where they are -inf)."""
         copies = theta.shape[0] // max(1, self._batch)
         out = {self._input: theta}
         for name, v in self._shared.items():
             v = v.detach() if detach else v
+            if constraints:
+                v = torch.zeros_like(v).masked_fill(torch.isneginf(v), -math.inf).to(theta.dtype)
             if v.shape[0] == self._batch and copies > 1:
                 v = v.repeat(copies, *[1] * (v.dim() - 1))
             out[name] = v.expand(theta.shape[0], *v.shape[1:]) if expand else v
@@ -298,9 +302,34 @@ class StructuredDistribution(torch.distributions.Distribution):
 
     def log_prob(self, value: Tensor) -> Tensor:
         """``[..., B]``: log p(z) for structures ``z`` (one-hot parts, or the decoded form); -inf for a
-        structure of score -inf."""
+        structure of score -inf and, while ``validate_args`` holds (torch's default), for a value that
+        is not a structure of the example (``is_structure``)."""
         score = self.score(value)
-        return self._out((score - self.run(sr.Log)).masked_fill(torch.isneginf(score), -math.inf))
+        out = (score - self.run(sr.Log)).masked_fill(torch.isneginf(score), -math.inf)
+        if self._validate_args and (value.dtype.is_floating_point or not self.every_decoded_value_is_a_structure):
+            out = out.masked_fill(~self.is_structure(value if value.dtype.is_floating_point else self.to_parts(value)), -math.inf)
+        return self._out(out)
+
+    def is_structure(self, parts: Tensor) -> Tensor:
+        """``[..., B]`` bool: whether one-hot parts ``[..., B, *parts]`` are a structure of each
+        example, at its lengths, whatever its potentials (shared scores of -inf still forbid what
+        they forbid in the program: they are its constraints): the parts are 0 or 1, and the best
+        structure that uses only parts the value has has as many parts as the value (one Max run
+        with every part of the value scored 1, the others -inf)."""
+        theta = self._theta
+        if parts.shape[-theta.dim():] != theta.shape:
+            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, theta.shape))}], got {list(parts.shape)}")
+        lead = parts.shape[: parts.dim() - theta.dim()]
+        copies = math.prod(lead)
+        flat = parts.detach().reshape(copies * self._batch, *theta.shape[1:]).to(torch.float64)
+        binary = ((flat == 0) | (flat == 1)).flatten(1).all(1)
+        allowed = torch.zeros_like(flat).masked_fill(flat == 0, -math.inf) + flat
+        lengths = _repeat(self._lengths, copies)
+        if self._shared:
+            best = self._run(sr.Max, self._inputs(allowed, detach=True, constraints=True), lengths)
+        else:
+            best = self.run(sr.Max, allowed, lengths)
+        return (binary & (best == flat.flatten(1).sum(1))).reshape(*lead, self._batch)
 
     def entropy(self) -> Tensor:
         """``[B]``: H(p) = log Z − ⟨θ, μ⟩ (0 where no structure remains: p and μ are 0)."""

@@ -30,6 +30,7 @@ class EmissionCRF(StructuredDistribution):
         alpha[i, c] += alpha[i-1, y] * trans[y, c] * emit[i, c]
         goal        += alpha[n-1, c] * end[c]
     """)
+    every_decoded_value_is_a_structure = True  # any tags in range
     shape = "B, N, C"
     potentials = "emit"
 

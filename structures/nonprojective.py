@@ -838,7 +838,11 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             from .decode.arborescence import max_arborescence
 
             heads = max_arborescence(theta.detach(), lengths, self.single_root)
-            return self._score_trees(theta, heads, lengths)
+            score = self._score_trees(theta, heads, lengths)
+            if self.single_root:  # where no single-root tree has a finite score, the best found has several root children
+                words = torch.arange(heads.shape[-1], device=heads.device) < lengths[:, None]
+                score = score.masked_fill(((heads == 0) & words).sum(-1) != 1, -math.inf)
+            return score
         if isinstance(semiring, KMax):
             from .decode.arborescence import kbest_arborescences
 

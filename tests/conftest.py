@@ -12,3 +12,10 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def distributions_validate_their_arguments(monkeypatch):
+    """torch's default (validate_args on) in every test: the first torch.compile of the process turns
+    it off for every distribution (torch._dynamo does), which would make tests depend on their order."""
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)

@@ -137,6 +137,28 @@ def test_log_prob_of_every_structure(case):
 
 
 @per_case
+def test_what_is_not_a_structure_has_log_prob_minus_inf(case):
+    """Every structure is one; a structure with one part flipped is one only if the enumeration
+    lists it; log_prob of what is not one is -inf (not a finite number), 0.5 or 2 are not parts."""
+    d, enums = dist(case), problem(case).enums
+    g = torch.Generator().manual_seed(zlib.crc32(str(case).encode()))
+    for b, e in enumerate(enums):
+        value = torch.zeros(len(e.parts), *d.log_potentials.shape, dtype=torch.float64)
+        value[:, b] = e.parts
+        assert d.is_structure(value)[:, b].all()
+        if not e.parts[0].numel():
+            continue
+        flip = torch.randint(e.parts[0].numel(), (len(e.parts),), generator=g)
+        value[:, b].view(len(e.parts), -1)[torch.arange(len(e.parts)), flip] -= 1
+        value[:, b] = value[:, b].abs()
+        expected = torch.tensor([tuple(v.flatten().int().tolist()) in as_multiset(e.parts) for v in value[:, b]])
+        assert torch.equal(d.is_structure(value)[:, b], expected)
+        assert torch.isneginf(d.log_prob(value)[~expected, b]).all()
+        some = value[:, b].flatten(1).sum(1) > 0  # (a length-1 chain's structure has no part)
+        assert not (d.is_structure(value * 0.5)[:, b] & some).any() and not (d.is_structure(value * 2)[:, b] & some).any()
+
+
+@per_case
 def test_expected_score_and_marginals_backward(case):
     """E_p[⟨v, z⟩] by the expectation semiring, and its gradient Cov_p(z) v (backpropagation
     through the marginals) in signed log space, for values v of either sign."""

@@ -410,6 +410,35 @@ def test_samples_from_a_generator_repeat_and_leave_the_global_stream_alone(singl
         d.sample((-1,))
 
 
+@needs_decode
+def test_single_root_with_only_multi_root_trees_left_has_no_best_tree():
+    """Only arcs from the root remain: trees exist with several root children, none with one, so
+    single root has log Z = max = -inf and an all-zero argmax (the decode gave the multi-root tree)."""
+    theta = torch.full((1, 5, 5), -math.inf, dtype=torch.float64)
+    theta[0, 0, 1:] = 1.0
+    d = NP(theta, single_root=True)
+    assert d.count[0] == 0 and torch.isneginf(d.log_partition[0]) and torch.isneginf(d.max[0])
+    assert (d.argmax == 0).all() and (d.decode() == 0).all()
+    assert NP(theta).max[0] == 4
+
+
+@needs_decode
+@ROOTS
+def test_log_prob_of_heads_that_are_not_a_tree_is_minus_inf(single_root):
+    """Random heads (cycles, self-heads, several root children under single_root) against
+    ``arborescence.is_tree``; a word's head past the sentence is not a tree either."""
+    g = gen(43)
+    theta = torch.randn(4, 6, 6, generator=g, dtype=torch.float64)
+    lengths = torch.tensor([5, 3, 4, 1])
+    d = NP(theta, lengths, single_root=single_root)
+    heads = torch.randint(0, 6, (200, 4, 5), generator=g) * (torch.arange(5) < lengths[:, None])
+    heads = torch.minimum(heads, lengths[:, None])  # in range; past each length 0
+    trees = arborescence.is_tree(heads.reshape(-1, 5), lengths.repeat(200), single_root, theta.repeat(200, 1, 1)).reshape(200, 4)
+    assert trees.any() and not trees.all()
+    assert torch.equal(d.is_structure(d.to_parts(heads)), trees)
+    assert torch.isneginf(d.log_prob(heads)[~trees]).all() and torch.isfinite(d.log_prob(heads)[trees]).all()
+
+
 @ROOTS
 def test_a_torch_distribution_with_kl_divergence_registered(single_root):
     g = gen(41)

@@ -199,10 +199,12 @@ def local_log_probs(scores: Tensor, lengths: Tensor) -> Tensor:
 
 def arc_loss(kind: str, scores: Tensor, lengths: Tensor, heads: Tensor) -> Tensor:
     """Mean over the batch of ``-log p(gold heads)`` (summed over the words of a sentence)."""
-    if kind == "projective":
-        return -ProjectiveDependencyCRF(scores, lengths, single_root=True).log_prob(heads).mean()
-    if kind == "nonprojective":
-        return -NonProjectiveDependencyCRF(scores, lengths, single_root=True).log_prob(heads).mean()
+    # gold trees are trees (the projective loss trains on the projective ones): their log-probability
+    # is score - log Z, without log_prob's check that a value is a structure (a Max run per batch)
+    if kind in ("projective", "nonprojective"):
+        crf = ProjectiveDependencyCRF if kind == "projective" else NonProjectiveDependencyCRF
+        d = crf(scores, lengths, single_root=True)
+        return -(d.score(heads) - d.log_partition).mean()
     if kind == "local":
         logp = local_log_probs(scores, lengths)[:, :, 1:].gather(1, heads.unsqueeze(1)).squeeze(1)
         inside = torch.arange(heads.shape[1]) < lengths.unsqueeze(-1)
