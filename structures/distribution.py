@@ -355,7 +355,8 @@ class StructuredDistribution(torch.distributions.Distribution):
         return self.marginals * (1 - self.marginals)
 
     def cross_entropy(self, q: "StructuredDistribution") -> Tensor:
-        """``[B]``: −E_p[log q(z)] = log Z_q − ⟨θ_q, μ_p⟩ (``+inf`` where p puts mass q forbids)."""
+        """``[B]``: −E_p[log q(z)] = log Z_q − ⟨θ_q, μ_p⟩ (``+inf`` where p puts mass q forbids,
+        also where q's support is smaller: single root against several root children)."""
         self._check_same(q)
         return self._out(self._cross_entropy(q, self._expected_counts()))
 
@@ -371,7 +372,15 @@ class StructuredDistribution(torch.distributions.Distribution):
         inputs = q._inputs(q._theta, expand=True)
         inner = sum(_inner(inputs[name], m, m.dim() - 1) for name, m in mu.items())
         out = (q.run(sr.Log) - inner).masked_fill(torch.isneginf(inner), math.inf)
+        if q._support_flags() != self._support_flags():  # e.g. q single root, p not: p's mass outside q's support
+            allowed = torch.zeros_like(self._theta).masked_fill(torch.isneginf(self._theta), -math.inf).detach()
+            out = out.masked_fill(q.run(sr.Count, allowed) < self.count, math.inf)
         return out.masked_fill(torch.isneginf(self.run(sr.Log)), 0.0)
+
+    def _support_flags(self) -> tuple:
+        """What, besides the potentials, shapes and lengths, decides which structures exist (a
+        dependency CRF's ``single_root``): distributions that differ in it may have different supports."""
+        return ()
 
     def _expected_counts(self) -> dict[str, Tensor]:
         """``{input: [B, *shape]}``: the expected use of every program input (the marginals, for the

@@ -39,6 +39,9 @@ class DependencyTrees:
         check_shape("arc_scores", arc_scores, "B, N, N")
         return cls(root_row(arc_scores), *args, **kwargs)
 
+    def _support_flags(self) -> tuple:
+        return (self.single_root,)
+
     def decode(self) -> Tensor:
         """``[B, N]`` long: the head of every word of the best tree (0 = root; 0 past each length)."""
         return self.heads(self.argmax)

@@ -16,7 +16,7 @@ import torch
 from torch.testing import assert_close
 
 import structures._matrix_tree as mt
-from structures import NonProjectiveDependencyCRF
+from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
 from structures.nonprojective import _exact, _masks, _sample_heads, _shift, high_precision_reference, log_partition_and_marginals
 
 NP = NonProjectiveDependencyCRF
@@ -437,6 +437,23 @@ def test_log_prob_of_heads_that_are_not_a_tree_is_minus_inf(single_root):
     assert trees.any() and not trees.all()
     assert torch.equal(d.is_structure(d.to_parts(heads)), trees)
     assert torch.isneginf(d.log_prob(heads)[~trees]).all() and torch.isfinite(d.log_prob(heads)[trees]).all()
+
+
+@pytest.mark.parametrize("cls", [NP, ProjectiveDependencyCRF], ids=["nonprojective", "projective"])
+def test_kl_between_root_modes_is_infinite_only_where_p_has_mass_outside_q(cls):
+    """Single-root trees are multi-root trees too: KL(single‖multi) is finite (against the sum over
+    the support); KL(multi‖single) is +inf wherever a tree with several root children has mass."""
+    g = gen(47)
+    theta, other = (torch.randn(3, 5, 5, generator=g, dtype=torch.float64) for _ in range(2))
+    lengths = torch.tensor([4, 1, 3])
+    single, multi = cls(theta, lengths, single_root=True), cls(other, lengths)
+    values, valid = single.enumerate_support()
+    p = single.log_prob(values).exp() * valid
+    expected = (p * (single.log_prob(values) - multi.log_prob(values)).masked_fill(~valid, 0)).sum(0)
+    assert_close(single.kl(multi), expected)
+    assert_close(torch.distributions.kl_divergence(single, multi), expected)
+    assert multi.kl(single).tolist() == [math.inf, 0.0, math.inf]
+    assert torch.isposinf(multi.cross_entropy(single)[[0, 2]]).all()
 
 
 @ROOTS
