@@ -55,6 +55,13 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
         raise ValueError(f"{name}: contains NaN")
     if torch.isposinf(top):
         raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
+    # a structure's score sums up to one entry per part of an example: beyond this, sums overflow
+    computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # half precision runs in float32
+    limit = torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
+    largest = x.detach().abs().masked_fill(torch.isinf(x.detach()), 0).amax() if x.numel() else top
+    if largest > limit:
+        raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
+                         f"{computed} (at most {limit:.3g} here: rescale, or use float64)")
 
 
 def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int) -> None:

@@ -334,6 +334,8 @@ def bad_potentials(family: Family):
         ("integer", ok.long()),
         ("nan", with_first_entry(ok, math.nan)),
         ("+inf", with_first_entry(ok, math.inf)),
+        ("overflowing", with_first_entry(ok.float(), 3e38)),  # finite, but a sum of such entries is +inf
+        ("overflowing negative", with_first_entry(ok.float(), -3e38)),
     ]
 
 
