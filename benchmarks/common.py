@@ -20,6 +20,7 @@ Peak memory of one call, two ways (docs/benchmarks.md explains both):
 
 from __future__ import annotations
 
+import argparse
 import csv
 import gc
 import importlib
@@ -31,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -44,6 +46,19 @@ def setup(threads: int = DEFAULT_THREADS, seed: int = DEFAULT_SEED) -> None:
     """Fix the thread count and seed every generator."""
     torch.set_num_threads(threads)
     seed_all(seed)
+
+
+def side_by_side_options(doc: str, argv, repeat: int, quick: str) -> argparse.Namespace:
+    """The options of a side-by-side benchmark (``--repeat``, ``--threads``, ``--quick``: ``quick``
+    says what it runs), parsed from ``argv``; then ``setup`` at those threads, peers' warnings off."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--repeat", type=int, default=repeat, help="round-robin rounds")
+    p.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads")
+    p.add_argument("--quick", action="store_true", help=quick)
+    args = p.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    setup(args.threads)
+    return args
 
 
 def seed_all(seed: int) -> None:

@@ -7,13 +7,10 @@ medians (round-robin, see benchmarks/common.py), the ratios peer / ours, and pea
 
 from __future__ import annotations
 
-import argparse
-import warnings
-
 import torch
 from tqdm import tqdm
 
-from benchmarks.common import fmt_bytes, machine_info, markdown_table, peak_tensor_bytes, setup, time_round_robin
+from benchmarks.common import fmt_bytes, machine_info, markdown_table, peak_tensor_bytes, side_by_side_options, time_round_robin
 from structures import ConstituencyCRF
 
 B, L = 16, 8
@@ -43,13 +40,7 @@ def supar(theta: torch.Tensor) -> torch.Tensor:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=15)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="3 rounds, n = 20 and 40")
-    args = p.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    setup(args.threads)
+    args = side_by_side_options(__doc__, argv, repeat=15, quick="3 rounds, n = 20 and 40")
     sizes = (20, 40) if args.quick else (20, 40, 80)
     repeat = 3 if args.quick else args.repeat
     rows, memory = [], []

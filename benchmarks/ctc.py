@@ -8,12 +8,10 @@ Run ``python -m benchmarks.ctc`` (``--quick`` for a smoke run). Prints a markdow
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from tqdm import tqdm
 
-from benchmarks.common import machine_info, markdown_table, setup, time_round_robin
+from benchmarks.common import machine_info, markdown_table, side_by_side_options, time_round_robin
 from structures import CTC
 
 SIZES = [(16, 200, 50, 40), (16, 50, 20, 10)]  # B, T, V, target length
@@ -36,12 +34,7 @@ def implementations(B: int, T: int, V: int, S: int) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=15)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="3 rounds, the small size only")
-    args = p.parse_args(argv)
-    setup(args.threads)
+    args = side_by_side_options(__doc__, argv, repeat=15, quick="3 rounds, the small size only")
     sizes = SIZES[1:] if args.quick else SIZES
     rows = []
     for B, T, V, S in tqdm(sizes, desc="ctc"):

@@ -8,13 +8,10 @@ Run ``python -m benchmarks.pcfg`` (``--quick`` for a smoke run). Prints a markdo
 
 from __future__ import annotations
 
-import argparse
-import warnings
-
 import torch
 from tqdm import tqdm
 
-from benchmarks.common import machine_info, markdown_table, setup, time_round_robin
+from benchmarks.common import machine_info, markdown_table, side_by_side_options, time_round_robin
 from structures import PCFG, TDPCFG
 
 SIZES = [(8, 30, 30, 60), (8, 20, 16, 32)]  # B, N, NT, T
@@ -55,13 +52,7 @@ def implementations(task: str, terms, rules, roots) -> dict:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeat", type=int, default=9)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="3 rounds, the small size only")
-    args = p.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    setup(args.threads)
+    args = side_by_side_options(__doc__, argv, repeat=9, quick="3 rounds, the small size only")
     sizes = SIZES[1:] if args.quick else SIZES
     repeat = 3 if args.quick else args.repeat
     rows = []
