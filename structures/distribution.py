@@ -23,7 +23,7 @@ returned in the input dtype. Inputs are never modified.
 from __future__ import annotations
 
 import math
-from functools import cached_property
+from functools import cached_property, reduce
 from typing import ClassVar, Mapping, Sequence, Union
 
 import torch
@@ -121,11 +121,14 @@ class StructuredDistribution(torch.distributions.Distribution):
         check_shape("log_potentials", log_potentials, self.shape)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
-        low = log_potentials.dtype in (torch.float16, torch.bfloat16)
-        self._theta = log_potentials.float() if low else log_potentials
         lookups = self.program.lookups if hasattr(self, "program") else []
         self._lookups = {k: v for k, v in (shared or {}).items() if k in lookups}
-        self._shared = {k: v.float() if low else v for k, v in (shared or {}).items() if k not in self._lookups}
+        scores = {k: v for k, v in (shared or {}).items() if k not in self._lookups}
+        # computed in the type torch's arithmetic would give them all (float16/bfloat16 in float32)
+        computed = reduce(torch.promote_types, [v.dtype for v in scores.values()], log_potentials.dtype)
+        computed = torch.float32 if computed in (torch.float16, torch.bfloat16) else computed
+        self._theta = log_potentials.to(computed)
+        self._shared = {k: v.to(computed) for k, v in scores.items()}
         self._batch = log_potentials.shape[0]
         self._lengths = self._check_lengths(lengths)
         super().__init__(torch.Size([self._batch]), log_potentials.shape[1:])  # validate_args: torch's default

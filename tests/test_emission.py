@@ -94,3 +94,16 @@ def test_bad_input_names_the_argument(argument, kwargs):
     inputs = dict(emissions=torch.zeros(2, 4, 3), transitions=torch.zeros(3, 3), start=None, end=None, lengths=None)
     with pytest.raises(ValueError, match=argument):
         EmissionCRF(**{**inputs, **kwargs})
+
+
+def test_mixed_dtypes_are_computed_in_the_promoted_type():
+    """float32 emissions with float64 transitions: computed (and returned) in float64, as torch's
+    arithmetic would (it was an overflow error)."""
+    g = torch.Generator().manual_seed(9)
+    em = torch.randn(2, 4, 3, generator=g)
+    tr = torch.randn(3, 3, generator=g, dtype=torch.float64)
+    mixed, double = EmissionCRF(em, tr), EmissionCRF(em.double(), tr)
+    assert mixed.log_partition.dtype == torch.float64
+    assert_close(mixed.log_partition, double.log_partition)
+    assert_close(mixed.marginals, double.marginals)
+    assert torch.equal(mixed.decode(), double.decode())
