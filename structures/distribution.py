@@ -451,12 +451,17 @@ class StructuredDistribution(torch.distributions.Distribution):
         """``[B]`` (float64, exact below 2**53): the number of structures of finite score."""
         return self.run(sr.Count)
 
-    def enumerate_support(self) -> tuple[Tensor, Tensor]:
+    def enumerate_support(self, limit: int = 100_000) -> tuple[Tensor, Tensor]:
         """Every structure of finite score, for small problems: ``(values [S, B, *parts], valid [S, B])``;
-        S is the largest count in the batch, and slots past an example's count are 0 and invalid."""
+        S is the largest count in the batch, and slots past an example's count are 0 and invalid. An
+        example with more than ``limit`` structures (whatever their scores) is a ``ValueError``."""
         if self._batch == 0:
             return self._out(self._theta.new_zeros(0, *self._theta.shape)), torch.zeros(0, 0, dtype=torch.bool, device=self._theta.device)
-        capacity = max(1, int(self.run(sr.Count, torch.zeros_like(self._theta)).max()))
+        largest = float(self.run(sr.Count, torch.zeros_like(self._theta)).max())
+        if largest > limit:
+            raise ValueError(f"enumerate_support: {largest:.4g} structures in an example exceed limit={limit} "
+                             "(it lists every one, for small problems)")
+        capacity = max(1, int(largest))
         while True:
             try:
                 el = self.run(sr.Derivations(capacity), self._theta.detach())

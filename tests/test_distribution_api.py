@@ -300,6 +300,13 @@ def test_a_torch_distribution_with_kl_divergence_registered(case):
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_enumerating_more_structures_than_the_limit_is_a_value_error(family):
+    d = dist(Case(family, largest(family), False, 0.0))
+    with pytest.raises(ValueError, match=r"enumerate_support: .* structures in an example exceed limit=1 "):
+        d.enumerate_support(limit=1)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
 def test_an_empty_batch_answers_every_query_with_empty_results(family):
     shape = largest(family)
     theta = torch.zeros(0, *shape, dtype=torch.float64, requires_grad=True)
