@@ -19,6 +19,7 @@ import os
 import random
 import socket
 import tempfile
+import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -93,17 +94,23 @@ def _worker(rank: int, config: Config, out: str) -> None:
     """One process of :func:`train_data_parallel`: joins the group, trains, saves its :class:`Run`.
     One torch thread per process: the processes themselves are the parallelism."""
     torch.set_num_threads(1)
-    # a bounded wait: a rank whose peer died raises instead of waiting in a collective for ever
-    dist.init_process_group("gloo", rank=rank, world_size=config.world_size, timeout=timedelta(seconds=120))
     try:
+        # a bounded wait: a rank whose peer died raises instead of waiting in a collective for ever
+        dist.init_process_group("gloo", rank=rank, world_size=config.world_size, timeout=timedelta(seconds=120))
         model, optimizer = _model_and_optimizer(config)
         ddp = DistributedDataParallel(model)  # averages the gradients of the ranks in backward
         losses = [T.train_step(ddp, shard(batch, rank, config.world_size), optimizer)
                   for batch in training_batches(config)]
         run = Run(losses, {k: v.detach().clone() for k, v in model.named_parameters()})
         torch.save({"losses": run.losses, "parameters": run.parameters}, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    # Leave without the interpreter's teardown: destroying DDP's reducer can deadlock inside torch
+    # (ProcessGroupGloo's destructor joins its worker thread while holding the GIL that thread
+    # waits for), which hung the test for ever now and then. Every rank has saved its run.
+    os._exit(0)
 
 
 def free_port() -> int:
