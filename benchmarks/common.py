@@ -243,3 +243,27 @@ if __name__ == "__main__":
         _rss_child(sys.argv[2])
     else:
         sys.exit("usage: python -m benchmarks.common --rss JSON  (internal: see peak_rss_bytes)")
+
+
+def against_peers(impls: Mapping[str, Callable[[], object]], label: str, size: str, repeat: int) -> tuple[list, list]:
+    """One size of a side-by-side benchmark: ``impls`` are ``"ours"`` and the peers, zero-argument
+    calls on the same inputs. Returns a row per peer of times (round-robin medians, peer / ours, and
+    the ratio of the minimums) and a row per peer of peak tensor bytes (ours / peer)."""
+    times = time_round_robin(impls, repeat=repeat, budget_s=60)
+    peaks = {name: peak_tensor_bytes(fn) for name, fn in impls.items()}
+    peers = [name for name in impls if name != "ours"]
+    ours, mine = times["ours"], peaks["ours"]
+    rows = [[label, f"{ours.ms:.1f}", p, f"{times[p].ms:.1f}", f"**{times[p].median / ours.median:.2f}×**",
+             f"{times[p].min / ours.min:.2f}×"] for p in peers]
+    memory = [[size, fmt_bytes(mine), p, fmt_bytes(peaks[p]), f"{mine / peaks[p]:.3f}"] for p in peers]
+    return rows, memory
+
+
+def print_against_peers(rows: list, memory: list) -> None:
+    """The machine, then the tables of :func:`against_peers`' rows, in markdown."""
+    print(markdown_table(["", ""], [[k, v] for k, v in machine_info().items()]))
+    print()
+    print(markdown_table(["benchmark", "ours (ms)", "peer", "peer (ms)", "peer / ours", "ratio of minimums"], rows, "lllrrr"))
+    print()
+    print(markdown_table(["size", "ours peak", "peer", "peer peak", "ours / peer"], memory, "llllr"))
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from benchmarks.common import fmt_bytes, machine_info, markdown_table, peak_tensor_bytes, side_by_side_options, time_round_robin
+from benchmarks.common import against_peers, print_against_peers, side_by_side_options
 from structures import ProjectiveDependencyCRF
 
 B = 16
@@ -55,20 +55,10 @@ def main(argv=None) -> None:
             got = impls[name]()
             err = (got[:, :, 1:] - reference[:, :, 1:]).abs().max().item()
             assert err < 1e-3, f"{name} disagrees with ours by {err}"
-        times = time_round_robin(impls, repeat=repeat, budget_s=60)
-        for name in ("torch-struct", "supar"):
-            rows.append([f"marginals B={B} n={n}", f"{times['ours'].ms:.1f}", name, f"{times[name].ms:.1f}",
-                         f"**{times[name].median / times['ours'].median:.2f}×**"])
-        peaks = {name: peak_tensor_bytes(fn) for name, fn in impls.items()}
-        for name in ("torch-struct", "supar"):
-            memory.append([f"n={n}", fmt_bytes(peaks["ours"]), name, fmt_bytes(peaks[name]), f"{peaks['ours'] / peaks[name]:.3f}"])
-    info = machine_info()
-    print(markdown_table(["", ""], [[k, v] for k, v in info.items()]))
-    print()
-    print(markdown_table(["benchmark", "ours (ms)", "peer", "peer (ms)", "peer / ours"], rows, "lllrr"))
-    print()
-    print(markdown_table(["size", "ours peak", "peer", "peer peak", "ours / peer"], memory, "llllr"))
-
+        r, m = against_peers(impls, f"marginals B={B} n={n}", f"n={n}", repeat)
+        rows += r
+        memory += m
+    print_against_peers(rows, memory)
 
 if __name__ == "__main__":
     main()

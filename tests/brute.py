@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 from torch import Tensor
+from torch.testing import assert_close
 
 from structures import ConstituencyCRF, HopChainCRF, LinearChainCRF, ProjectiveDependencyCRF, SemiMarkovCRF
 
@@ -173,6 +174,28 @@ class Enumeration:
         hits = (self.parts == structure).flatten(1).all(1).nonzero()
         assert hits.numel() >= 1, "not a structure of this example"
         return int(hits[0])
+
+
+def assert_queries_match(d, q, enums: list[Enumeration], q_enums: list[Enumeration]) -> None:
+    """The queries every structure answers — log Z, marginals, count, max, the 3 best scores,
+    entropy, KL to ``q``, the support, log_prob of every structure — against the enumerations of
+    each example of ``d`` (and of ``q``, a distribution over the same structures)."""
+    def stack(f):
+        return torch.stack([f(e) for e in enums])
+
+    assert_close(d.log_partition, stack(lambda e: e.log_partition))
+    assert_close(d.marginals, stack(lambda e: e.marginals))
+    assert d.count.tolist() == [e.count for e in enums]
+    assert_close(d.max, stack(lambda e: e.max))
+    assert_close(d.topk_scores(3), torch.stack([e.topk_scores(3) for e in enums], 1))
+    assert_close(d.entropy(), stack(lambda e: e.entropy))
+    assert_close(d.kl(q), torch.stack([e.kl(f) for e, f in zip(enums, q_enums)]))
+    values, valid = d.enumerate_support()
+    for b, e in enumerate(enums):
+        assert as_multiset(values[valid[:, b], b]) == e.support()
+        if e.count:
+            every = e.parts.unsqueeze(1).expand(-1, len(enums), *e.parts.shape[1:])
+            assert_close(d.log_prob(every)[:, b], e.log_probs)
 
 
 def as_multiset(structures: Tensor) -> Counter:

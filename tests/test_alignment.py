@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from brute import Enumeration, as_multiset, random_potentials
+from brute import Enumeration, as_multiset, assert_queries_match, random_potentials
 from structures import AlignmentCRF
 
 KINDS = ("many_to_many", "one_to_many")
@@ -70,22 +70,10 @@ def test_every_query_equals_enumeration_of_the_paths(N, M, kind, forbid):
     q_theta = random_potentials((N, M), 4, torch.Generator().manual_seed(1), forbid)
     q = AlignmentCRF(q_theta, lengths, kind=kind)
     q_enums = enumerate_batch(q_theta, lengths, kind)
-    stack = lambda f: torch.stack([f(e) for e in enums])  # noqa: E731
-    assert_close(d.log_partition, stack(lambda e: e.log_partition))
-    assert_close(d.marginals, stack(lambda e: e.marginals))
-    assert d.count.tolist() == [e.count for e in enums]
-    assert_close(d.max, stack(lambda e: e.max))
+    assert_queries_match(d, q, enums, q_enums)
     some = torch.isfinite(d.max)
     assert_close(d.score(d.argmax)[some], d.max[some])
     assert (d.argmax[~some] == 0).all()
-    assert_close(d.topk_scores(3), torch.stack([e.topk_scores(3) for e in enums], 1))
-    assert_close(d.entropy(), stack(lambda e: e.entropy))
-    assert_close(d.kl(q), torch.stack([e.kl(f) for e, f in zip(enums, q_enums)]))
-    values, valid = d.enumerate_support()
-    for b, e in enumerate(enums):
-        assert as_multiset(values[valid[:, b], b]) == e.support()
-        if e.count:
-            assert_close(d.log_prob(e.parts[:, None].expand(-1, 4, N, M))[:, b], e.log_probs)
 
 
 @cases

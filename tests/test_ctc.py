@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from brute import Enumeration, as_multiset
+from brute import Enumeration, as_multiset, assert_queries_match
 from structures import CTC
 
 
@@ -58,20 +58,8 @@ def test_every_query_equals_enumeration_of_the_alignments(forbid, blank):
     q_logp = small_problem(1, forbid, blank)[0]
     q = CTC(q_logp, targets, n, m, blank=blank)
     q_enums = enumerate_batch(q_logp, targets, n, m, blank)
-    stack = lambda f: torch.stack([f(e) for e in enums])  # noqa: E731
-    assert_close(d.log_partition, stack(lambda e: e.log_partition))
+    assert_queries_match(d, q, enums, q_enums)
     assert d.log_partition[4] == -math.inf
-    assert_close(d.marginals, stack(lambda e: e.marginals))
-    assert d.count.tolist() == [e.count for e in enums]
-    assert_close(d.max, stack(lambda e: e.max))
-    assert_close(d.topk_scores(3), torch.stack([e.topk_scores(3) for e in enums], 1))
-    assert_close(d.entropy(), stack(lambda e: e.entropy))
-    assert_close(d.kl(q), torch.stack([e.kl(f) for e, f in zip(enums, q_enums)]))
-    values, valid = d.enumerate_support()
-    for b, e in enumerate(enums):
-        assert as_multiset(values[valid[:, b], b]) == e.support()
-        if e.count:
-            assert_close(d.log_prob(e.parts[:, None].expand(-1, 5, 5, 3))[:, b], e.log_probs)
 
 
 def test_decode_is_the_best_labelling_and_positions_its_path():
