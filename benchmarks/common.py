@@ -61,9 +61,25 @@ def side_by_side_options(doc: str, argv, repeat: int, quick: str) -> argparse.Na
     return args
 
 
+def pin_one_core(core: int | None = None) -> int:
+    """Keep this process (and the processes it starts) on one core, by default the last it may
+    use; returns the core. Peers in other processes (SynJax) then share the CPU with ours."""
+    core = max(os.sched_getaffinity(0)) if core is None else core
+    os.sched_setaffinity(0, {core})
+    return core
+
+
 def seed_all(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+@dataclass
+class Lap:
+    """What a call that times itself returns (a peer timed in its own process): its seconds, used
+    by :func:`time_round_robin` instead of the wall time around the call."""
+
+    seconds: float
 
 
 @dataclass
@@ -95,8 +111,9 @@ def time_round_robin(fns: Mapping[str, Callable[[], object]], repeat: int = 11, 
         for name, fn in fns.items():
             gc.collect()
             t = time.perf_counter()
-            fn()
-            laps[name].append(time.perf_counter() - t)
+            out = fn()
+            laps[name].append(out.seconds if isinstance(out, Lap) else time.perf_counter() - t)
+            del out
         if budget_s is not None and r + 1 >= min_repeat and time.perf_counter() - start > budget_s:
             break
     out = {}

@@ -22,7 +22,12 @@ Each in both root modes. Peers:
   Chu-Liu-Edmonds once per root child of the multi-root tree, which is not exact: the table
   counts the examples where its tree scores below ours.
 
-Ours and SuPar are timed round-robin (``benchmarks.common``); the networkx loop, a thousand
+* ``SynJax``: its numba ``vectorized_mst`` (Tarjan after Stanojevic & Cohen's reweighting for the
+  single root), in a worker process with SynJax's venv on the same core (``benchmarks.synjax_peer``;
+  skipped without the venv); its first call (numba compile) is reported apart, while our first
+  call (``ours first call``, the first in this process) is reported beside our median.
+
+Ours, SuPar and SynJax are timed round-robin (``benchmarks.common``); the networkx loop, a thousand
 times slower, is timed alone: the median of ``--nx-repeat`` calls, the first of which is also
 the check. Every tree is checked: ours against networkx's tree score (equal within 1e-6), SuPar's
 never above ours. Prints the table and the ratios (peer time / our time).
@@ -43,7 +48,8 @@ import torch
 if __package__ in (None, ""):  # run as a script: python benchmarks/mst.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import DEFAULT_THREADS, Timing, fmt_ms, machine_info, markdown_table, seed_all, setup, time_round_robin  # noqa: E402
+from benchmarks.common import DEFAULT_THREADS, Timing, fmt_ms, machine_info, markdown_table, pin_one_core, seed_all, setup, time_round_robin  # noqa: E402
+from benchmarks.synjax_peer import SynJax  # noqa: E402
 from structures.decode import is_tree, max_arborescence, tree_score  # noqa: E402
 
 B, N = 16, 128
@@ -124,16 +130,20 @@ def main(argv=None) -> None:
     p.add_argument("--only", help="run the rows whose name contains this (e.g. 'normal', 'single')")
     p.add_argument("--nx-repeat", type=int, default=3, help="networkx calls per row (10-90 s each at n = 128)")
     p.add_argument("--no-networkx", action="store_true", help="skip the networkx loop")
+    p.add_argument("--no-synjax", action="store_true", help="skip SynJax (skipped anyway without its venv)")
     args = p.parse_args(argv)
     setup(args.threads)
     n = 64 if args.quick else N
     repeat = 3 if args.quick else args.repeat
     mst = load_supar()
     info = machine_info()
+    info["pinned to core"] = str(pin_one_core())
+    synjax = None if args.no_synjax else SynJax.start()
     print("\n".join(f"- {k}: {v}" for k, v in info.items()))
     print(f"- B = {B}, n = {n}, float32 scores; times are medians (round-robin), ratios = peer / ours\n")
-    headers = ["input", "root", "ours ms", "networkx ms", "supar ms", "networkx / ours", "supar / ours",
-               "shortcut", "supar worse"]
+    headers = ["input", "root", "ours ms", "ours first call ms", "networkx ms", "supar ms", "SynJax ms",
+               "networkx / ours", "supar / ours", "SynJax / ours", "SynJax first call (numba compile) s",
+               "shortcut", "supar worse", "SynJax worse"]
     rows = []
     for kind in ("normal", "planted", "hard"):
         for single in (False, True):
@@ -145,7 +155,9 @@ def main(argv=None) -> None:
             mask = torch.ones(B, n + 1, dtype=torch.bool)
             mask[:, 0] = False
             fns = {"ours": lambda s=s, single=single: max_arborescence(s, single_root=single)}
+            start = time.perf_counter()
             ours = fns["ours"]()
+            ours_first = time.perf_counter() - start
             assert is_tree(ours, single_root=single).all()
             ours_score = tree_score(s.double(), ours)
             nx_laps = []
@@ -166,6 +178,15 @@ def main(argv=None) -> None:
                     theirs_score = tree_score(s.double(), theirs)
                 assert (theirs_score <= ours_score + 1e-6).all()
                 worse = f"{int((theirs_score < ours_score - 1e-6).sum())}/{B}"
+            sj_worse, sj_first = "-", None
+            if synjax is not None:
+                call, value, sj_first = synjax.load("mst", s.numpy(), single)
+                theirs = torch.from_numpy(value[:, 1:])
+                assert is_tree(theirs, single_root=single).all()
+                theirs_score = tree_score(s.double(), theirs)
+                assert (theirs_score <= ours_score + 1e-6).all()
+                sj_worse = f"{int((theirs_score < ours_score - 1e-6).sum())}/{B}"
+                fns["SynJax"] = lambda c=call: synjax.lap(c)
             # the shortcut: examples whose per-word best heads already form a valid tree
             best = s.masked_fill(torch.eye(n + 1, dtype=torch.bool), -math.inf)[:, :, 1:].argmax(1)
             ok = is_tree(best, single_root=single)
@@ -176,13 +197,18 @@ def main(argv=None) -> None:
                 t["networkx"] = Timing(statistics.median(nx_laps), min(nx_laps), max(nx_laps), len(nx_laps), min(nx_laps))
             get = lambda k: t[k].median if k in t else None  # noqa: E731
             ratio = lambda k: f"{get(k) / get('ours'):.0f}x" if k in t else "-"  # noqa: E731
-            rows.append([kind, "single" if single else "multi", fmt_ms(get("ours")),
+            rows.append([kind, "single" if single else "multi", fmt_ms(get("ours")), fmt_ms(ours_first),
                          fmt_ms(get("networkx")) if "networkx" in t else "-",
                          fmt_ms(get("supar")) if "supar" in t else "-",
-                         ratio("networkx"), ratio("supar"), f"{int(ok.sum())}/{B}", worse])
+                         fmt_ms(get("SynJax")) if "SynJax" in t else "-",
+                         ratio("networkx"), ratio("supar"),
+                         f"{get('SynJax') / get('ours'):.2f}x" if "SynJax" in t else "-",
+                         "-" if sj_first is None else f"{sj_first:.2f}", f"{int(ok.sum())}/{B}", worse, sj_worse])
             print(f"{name}: " + ", ".join(f"{k} {fmt_ms(v.median)} ms ({v.runs} runs)" for k, v in t.items()), flush=True)
+    if synjax is not None:
+        synjax.close()
     print()
-    print(markdown_table(headers, rows, "llrrrrrrr"))
+    print(markdown_table(headers, rows, "llrrrrrrrrrrrr"))
 
 
 if __name__ == "__main__":

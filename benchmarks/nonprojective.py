@@ -1,13 +1,16 @@
-"""Non-projective dependency CRF: ours against torch-struct 0.5 (speed) and against peers'
-arithmetic (accuracy at large score scales).
+"""Non-projective dependency CRF: ours against torch-struct 0.5 and SynJax (speed) and against
+peers' arithmetic (accuracy at large score scales).
 
-    python -m benchmarks.nonprojective [--repeat 15] [--threads 1] [--quick] [--no-accuracy]
+    python -m benchmarks.nonprojective [--repeat 15] [--threads 1] [--quick] [--no-accuracy] [--no-synjax]
 
-Speed: marginals (the gradient of the log-partition) at B=16, n=64 and n=128 words, multi- and
-single-root, round-robin medians (``benchmarks.common``). Ours computes in float64 from float32
-inputs (the certified LAPACK path where its a-posteriori bound allows, the subtraction-free path
-elsewhere); torch-struct in float32, the two alternating. The last column times our exact path
-alone (``fast=False``), in a round of its own.
+Speed: log-partition and marginals at B=16, n = 8, 16, 64 and 128 words, multi- and single-root,
+round-robin medians (``benchmarks.common``), the process pinned to one core. Ours computes in
+float64 from float32 inputs (the certified LAPACK path where its a-posteriori bound allows, the
+subtraction-free path elsewhere); torch-struct in float32; SynJax (``SpanningTreeCRF``, jitted,
+float32, default settings) in a worker process with its own venv on the same core
+(``benchmarks.synjax_peer``; its column is skipped without the venv), its first call (jit
+compile) reported apart. The last column times our exact path alone (``fast=False``, marginals),
+in a round of its own.
 
 Accuracy: scores of standard deviation 40 on 20 words (the issue's case), float32 inputs; the
 largest error of any marginal against the matrix-tree theorem evaluated in mpmath at 700 digits,
@@ -32,12 +35,14 @@ import torch
 if __package__ in (None, ""):  # run as a script: python benchmarks/nonprojective.py
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import fmt_ms, machine_info, markdown_table, seed_all, setup, time_round_robin, write_csv
+from benchmarks.common import fmt_ms, machine_info, markdown_table, pin_one_core, seed_all, setup, time_round_robin, write_csv
+from benchmarks.synjax_peer import SynJax
 from structures import NonProjectiveDependencyCRF
 from structures.nonprojective import high_precision_reference, log_partition_and_marginals
 
 B = 16
-SIZES = (64, 128)
+SIZES = (8, 16, 64, 128)
+TS_NAME = {"log_partition": "partition", "marginals": "marginals"}  # torch-struct's partition is log Z
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -65,10 +70,14 @@ def from_ts(mu: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def ts_marginals(x: torch.Tensor, single_root: bool) -> torch.Tensor:
+def ts_crf(x: torch.Tensor, single_root: bool):
     ts = _torch_struct()
     # torch-struct 0.5 needs a non-leaf that requires grad on current torch
-    return ts.NonProjectiveDependencyCRF(x.detach().requires_grad_() * 1, multiroot=not single_root).marginals
+    return ts.NonProjectiveDependencyCRF(x.detach().requires_grad_() * 1, multiroot=not single_root)
+
+
+def ts_marginals(x: torch.Tensor, single_root: bool) -> torch.Tensor:
+    return ts_crf(x, single_root).marginals
 
 
 def plain_float64(theta: torch.Tensor, single_root: bool) -> torch.Tensor:
@@ -105,7 +114,9 @@ def plain_float64(theta: torch.Tensor, single_root: bool) -> torch.Tensor:
 # ---------------------------------------------------------------------------- runs
 
 
-def speed(repeat: int) -> list:
+def speed(repeat: int, synjax: SynJax | None) -> list:
+    """A row per size, root mode and query (log-partition, marginals): medians of ours, torch-struct
+    and SynJax (round-robin), SynJax's first call (jit compile) apart, our exact path alone."""
     rows = []
     for n in SIZES:
         for single_root in (False, True):
@@ -113,27 +124,32 @@ def speed(repeat: int) -> list:
             theta = torch.randn(B, n + 1, n + 1)
             x_ts = to_ts(theta)
             lengths = torch.full((B,), n)
-            ours = NonProjectiveDependencyCRF(theta, single_root=single_root).marginals
-            peer = from_ts(ts_marginals(x_ts, single_root).detach())
-            # torch-struct adds 1e-5 to every arc weight and computes in float32
-            torch.testing.assert_close(ours, peer, atol=2e-3, rtol=0)
             info: dict = {}
-            log_partition_and_marginals(theta, lengths, single_root, info=info)
+            logZ, mu = log_partition_and_marginals(theta, lengths, single_root, info=info)
             fast = sum(m == "fast" for m in info["method"])
-            fns = {
-                "ours": lambda: NonProjectiveDependencyCRF(theta, single_root=single_root).marginals,
-                "torch-struct": lambda: ts_marginals(x_ts, single_root),
-            }
-            t = time_round_robin(fns, repeat=repeat, warmup=2, min_repeat=5, budget_s=30.0)
+            # torch-struct adds 1e-5 to every arc weight and computes in float32
+            torch.testing.assert_close(mu.float(), from_ts(ts_marginals(x_ts, single_root).detach()), atol=2e-3, rtol=0)
+            for query in ("log_partition", "marginals"):
+                fns = {
+                    "ours": lambda q=query: getattr(NonProjectiveDependencyCRF(theta, single_root=single_root), q),
+                    "torch-struct": lambda q=TS_NAME[query]: getattr(ts_crf(x_ts, single_root), q),
+                }
+                first = None
+                if synjax is not None:
+                    call, value, first = synjax.load(query, theta.numpy(), single_root)
+                    ours = logZ if query == "log_partition" else mu
+                    torch.testing.assert_close(torch.from_numpy(value).double(), ours, atol=2e-3, rtol=1e-5)
+                    fns["SynJax"] = lambda c=call: synjax.lap(c)
+                t = time_round_robin(fns, repeat=repeat, warmup=2, min_repeat=5, budget_s=30.0)
+                size = f"B={B} n={n} {'single' if single_root else 'multi'}-root"
+                rows.append((size, query.replace("_", "-"), f"{fast}/{B}", t["ours"], t["torch-struct"], t.get("SynJax"), first))
             # timed apart: its large temporaries would change the allocator's state for the next call
-            exact = {"ours, exact path only": lambda: log_partition_and_marginals(theta, lengths, single_root, fast=False)}
-            t.update(time_round_robin(exact, repeat=repeat, warmup=1, min_repeat=3, budget_s=15.0))
-            size = f"B={B} n={n} {'single' if single_root else 'multi'}-root"
-            rows.append((size, f"{fast}/{B}", t["ours"], t["torch-struct"], t["ours, exact path only"]))
+            exact = {"exact": lambda: log_partition_and_marginals(theta, lengths, single_root, fast=False)}
+            rows[-1] += (time_round_robin(exact, repeat=repeat, warmup=1, min_repeat=3, budget_s=15.0)["exact"],)
     return rows
 
 
-def accuracy(examples: int = 4) -> list:
+def accuracy(synjax: SynJax | None, examples: int = 4) -> list:
     seed_all(40)
     out = []
     for single_root in (False, True):
@@ -144,6 +160,8 @@ def accuracy(examples: int = 4) -> list:
             "torch-struct (float32)": from_ts(ts_marginals(to_ts(theta), single_root).detach()).double(),
             "plain float64 (shift, inverse, Koo)": plain_float64(theta, single_root),
         }
+        if synjax is not None:
+            results["SynJax (float32)"] = torch.from_numpy(synjax.load("marginals", theta.numpy(), single_root)[1]).double()
         for name, mu in results.items():
             errs = [(mu[b] - refs[b]).abs().max().item() for b in range(examples)]
             worst = "NaN" if any(math.isnan(e) for e in errs) else f"{max(errs):.1e}"
@@ -152,13 +170,17 @@ def accuracy(examples: int = 4) -> list:
 
 
 def render(info, rows, acc) -> str:
+    def ratio(peer, ours) -> str:
+        return "-" if peer is None else f"**{peer.median / ours.median:.2f}×** ({peer.min / ours.min:.2f}×)"
+
     parts = ["### Machine", "", markdown_table(["", ""], list(info.items()), "ll"), ""]
-    parts += ["### Marginals (median ms of round-robin runs; ratio > 1: ours is faster)", ""]
+    parts += ["### Median ms of round-robin runs; peer / ours > 1: ours is faster (in brackets: the ratio of minimums)", ""]
     parts.append(markdown_table(
-        ["size", "ours: certified fast path", "ours (ms)", "torch-struct (ms)", "torch-struct / ours",
-         "(of minimums)", "ours exact path only (ms)"],
-        [(s, f, fmt_ms(o.median), fmt_ms(p.median), f"**{p.median / o.median:.2f}×**", f"{p.min / o.min:.2f}×",
-          fmt_ms(e.median)) for s, f, o, p, e in rows], "lrrrrrr"))
+        ["size", "query", "ours: certified fast path", "ours", "torch-struct", "SynJax", "torch-struct / ours",
+         "SynJax / ours", "SynJax first call (jit), s", "ours exact path only (marginals)"],
+        [(s, q, f, fmt_ms(o.median), fmt_ms(p.median), "-" if j is None else fmt_ms(j.median), ratio(p, o), ratio(j, o),
+          "-" if c is None else f"{c:.2f}", fmt_ms(e[0].median) if e else "")
+         for s, q, f, o, p, j, c, *e in rows], "llrrrrrrrr"))
     if acc:
         parts += ["", "### Accuracy: std-40 scores, n = 20, float32 inputs; max |marginal error| vs mpmath (700 digits)", ""]
         parts.append(markdown_table(["root", "method", "max error", "examples off by > 1e-5"], acc, "llrr"))
@@ -171,12 +193,19 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as benchmarks.chain)")
     p.add_argument("--quick", action="store_true", help="3 rounds, no accuracy table")
     p.add_argument("--no-accuracy", action="store_true")
+    p.add_argument("--no-synjax", action="store_true", help="skip the SynJax column (skipped anyway without its venv)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     a = p.parse_args(argv)
     setup(a.threads)
     info = machine_info()
-    rows = speed(3 if a.quick else a.repeat)
-    acc = [] if (a.quick or a.no_accuracy) else accuracy()
+    info["pinned to core"] = str(pin_one_core())
+    synjax = None if a.no_synjax else SynJax.start()
+    try:
+        rows = speed(3 if a.quick else a.repeat, synjax)
+        acc = [] if (a.quick or a.no_accuracy) else accuracy(synjax)
+    finally:
+        if synjax is not None:
+            synjax.close()
     info["load average after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     report = render(info, rows, acc)
     print(report)
@@ -184,8 +213,9 @@ def main(argv=None) -> None:
     with open(os.path.join(a.out, "nonprojective.md"), "w") as f:
         f.write(report + "\n")
     write_csv(os.path.join(a.out, "nonprojective.csv"),
-              ["size", "fast_examples", "ours_ms", "torch_struct_ms", "ratio_peer_over_ours", "exact_only_ms"],
-              [(s, f, f"{o.ms:.3f}", f"{q.ms:.3f}", f"{q.median / o.median:.3f}", f"{e.ms:.3f}") for s, f, o, q, e in rows])
+              ["size", "query", "fast_examples", "ours_ms", "torch_struct_ms", "synjax_ms", "synjax_first_s", "exact_only_ms"],
+              [(s, q, f, f"{o.ms:.3f}", f"{p.ms:.3f}", "" if j is None else f"{j.ms:.3f}", "" if c is None else f"{c:.3f}",
+                f"{e[0].ms:.3f}" if e else "") for s, q, f, o, p, j, c, *e in rows])
 
 
 if __name__ == "__main__":
