@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
+from .fuse import ARENA
 from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
 
@@ -32,6 +33,7 @@ class Run:
     def __init__(self, plan: Plan, semiring: Semiring, names: list[str], lengths: dict[str, Tensor] | None, batch: int):
         self.plan, self.semiring, self.names, self.lengths, self.batch = plan, semiring, names, lengths, batch
         self.lead = semiring.extra
+        self.kept: dict[int, tuple] = {}  # first level of a scan -> (its output, its leaves); id(step) -> what its vjp reuses
 
     # ------------------------------------------------------------ reading and writing
 
@@ -132,9 +134,9 @@ class Run:
             g.scatter_(-1, index.reshape(*[1] * self.lead, -1, 1).expand(*goal.shape[:-1], 1), grad.unsqueeze(-1).expand(*goal.shape[:-1], 1))
         return g
 
-    def all_steps(self):
-        """(level number, its steps) in order, the goal's last."""
-        yield from enumerate(self.plan.levels)
+    def all_steps(self, fused: bool = False):
+        """(level number, its steps) in order, the goal's last; ``fused``: sibling steps as one."""
+        yield from enumerate(self.plan.fused if fused else self.plan.levels)
         yield len(self.plan.levels), self.plan.goal
 
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
@@ -159,11 +161,19 @@ class Run:
             pos = pos + stride * self.view(buf[lv.source], lv)
         return pos.clamp(0, v.bound - 1)
 
-    def buffers(self, like: Tensor) -> dict[str, Tensor]:
+    def buffers(self, like: Tensor, arena: bool) -> dict[str, Tensor]:
+        """The charts' buffers, zero-filled; ``arena``: in one buffer, the arena (:mod:`.fuse`),
+        each chart's a slice of it."""
+        plan = self.plan
         out = {}
-        for keys in self.plan.keys.values():
+        if arena:
+            out[ARENA] = self.semiring.zero((self.batch, plan.arena_size), like)
+            for key, base in plan.arena.items():
+                out[key] = out[ARENA].narrow(-1, base, plan.size[key])
+        for keys in plan.keys.values():
             for key in keys:
-                out[key] = self.semiring.zero((self.batch, self.plan.size[key]), like)
+                if key not in out:
+                    out[key] = self.semiring.zero((self.batch, plan.size[key]), like)
         return out
 
     # ------------------------------------------------------------ forward, in place
@@ -185,12 +195,12 @@ class Run:
         keep what the backward of fused scans needs (their graphs)."""
         like = elements[0] if elements else torch.zeros(0)
         buf = self.sources(elements)
-        buf.update(self.buffers(like))
+        buf.update(self.buffers(like, arena=not dual))
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         scans, skip = self.scans(dual), 0
-        if scans:
-            self.kept: dict[int, tuple] = {}  # first level of a scan -> (its output, its leaves)
-        for lev, steps in self.all_steps():
+        if not dual:  # (a dual run, the Hessian-vector product's, keeps nothing)
+            self.kept = {}
+        for lev, steps in self.all_steps(fused=not dual):
             if lev < skip:
                 continue
             if lev in scans:
@@ -211,7 +221,7 @@ class Run:
                 self.kept[lev] = (alphas, leaves)
                 continue
             for step in steps:
-                value = manual.step(self, step, buf) if manual else None
+                value = manual.step(self, step, buf, keep) if manual else None
                 if value is None:
                     value = self.compute(step, lambda v: self.read(buf, v), like)
                 self.write(buf, step, value, manual.plus if manual else None)
@@ -226,7 +236,7 @@ class Run:
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         ends = {scan.stop - 1: scan for scan in self.scans(dual).values()}
         skip = math.inf
-        for lev, steps in reversed(list(self.all_steps())):
+        for lev, steps in reversed(list(self.all_steps(fused=not dual))):
             if lev >= skip:
                 continue
             if lev in ends:
@@ -351,7 +361,7 @@ class Run:
         """The forward pass with out-of-place writes: differentiable to any order by autograd."""
         like = elements[0] if elements else torch.zeros(0)
         buf = self.sources(elements)
-        buf.update(self.buffers(like))
+        buf.update(self.buffers(like, arena=False))
         scans, skip = self.scans(False), 0
         for lev, steps in self.all_steps():
             if lev < skip:
@@ -371,11 +381,16 @@ class Run:
 
 class _Grads(dict):
     """Gradient buffers, zero-filled when first used (an input whose gradient comes whole from one
-    step, a scan's, takes that tensor instead)."""
+    step, a scan's, takes that tensor instead); the charts' in an arena where their values are."""
 
     def __init__(self, buffers: dict[str, Tensor]):
         super().__init__()
         self.buffers = buffers
+        if ARENA in buffers:
+            arena = self[ARENA] = torch.zeros_like(buffers[ARENA])
+            for key, b in buffers.items():
+                if b._base is buffers[ARENA]:
+                    self[key] = arena.narrow(-1, b.storage_offset() - buffers[ARENA].storage_offset(), b.shape[-1])
 
     def like(self, key: str) -> Tensor:
         return self.buffers[key]
@@ -396,11 +411,14 @@ def _backward_order(steps: list[Step]) -> list[list[Step]]:
 
 
 class _Manual:
-    """A step and its vector-Jacobian product written out for one semiring: ``reduce(terms, dims)``
-    (may work in place) and ``weights(terms, item, g, claimed)`` (the gradient of each instance)."""
+    """A step and its vector-Jacobian product written out for one semiring: ``reduce(terms)`` (⊕
+    over the last dimension, may work in place), ``weights(terms, item, g, shared)`` (the gradient
+    of each instance); optionally ``keeping(terms)``, a reduce that also returns what
+    ``reweigh(kept, item, g)`` turns into the same weights without recomputing the terms."""
 
-    def __init__(self, reduce, weights, claim, plus):
+    def __init__(self, reduce, weights, claim, plus, keeping=None, reweigh=None):
         self.reduce, self.weights, self.claim, self.plus = reduce, weights, claim, plus
+        self.keeping, self.reweigh = keeping, reweigh
 
     @staticmethod
     def terms(run: Run, step: Step, buf) -> Tensor:
@@ -424,10 +442,16 @@ class _Manual:
             s = s.masked_fill(~m, -math.inf)
         return s
 
-    def step(self, run: Run, step: Step, buf) -> Tensor:
+    def step(self, run: Run, step: Step, buf, keep: bool = False) -> Tensor:
+        """The step's items; ``keep``: a backward follows, so keep what it can reuse."""
         s = self.terms(run, step, buf)
         k = len(step.K)
-        value = self.reduce(s.reshape(*s.shape[: s.dim() - k], -1)) if k else s
+        if not k:
+            value = s
+        elif keep and self.keeping is not None:
+            value, run.kept[id(step)] = self.keeping(s.reshape(*s.shape[: s.dim() - k], -1))
+        else:
+            value = self.reduce(s.reshape(*s.shape[: s.dim() - k], -1))
         return value.expand(*value.shape[: run.lead], run.batch, *step.L)
 
     def vjp(self, run: Run, step: Step, buf, grads) -> None:
@@ -436,7 +460,12 @@ class _Manual:
             return
         g = run.item_gradient(step, grads)
         k = len(step.K)
-        if k or step.shared:
+        kept = run.kept.get(id(step)) if self.reweigh else None  # (not consumed: a second backward gives the same bits)
+        if kept is not None:
+            item = run.view(buf[step.heads[0].source], step.heads[0])
+            w = self.reweigh(kept, item, g)
+            w = w.reshape(*w.shape[:-1], *step.K)
+        elif k or step.shared:
             item = run.view(buf[step.heads[0].source], step.heads[0])
             s = self.terms(run, step, buf)
             flat = s.reshape(*s.shape[: s.dim() - k], -1) if k else s.unsqueeze(-1)
@@ -470,6 +499,22 @@ def _logsumexp_(terms: Tensor, dual: bool = False) -> Tensor:
     return s.masked_fill_(empty, 1.0).log_().masked_fill_(empty, -math.inf).add_(m.squeeze(-1))
 
 
+def _logsumexp_keeping(terms: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """:func:`_logsumexp_` that also keeps ``exp(terms - max)`` and the max: the backward's weights
+    are then one product away (:func:`_reweigh`)."""
+    info = torch.finfo(terms.dtype)
+    m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)
+    p = terms.sub_(m).exp_()
+    return p.sum(-1).log_().add_(m.squeeze(-1)), (p, m)
+
+
+def _reweigh(kept: tuple[Tensor, Tensor], item: Tensor, g: Tensor) -> Tensor:
+    """Log: the weights ``exp(terms - item) * g`` from the forward's ``exp(terms - max)``."""
+    p, m = kept
+    info = torch.finfo(p.dtype)
+    return p * (m.squeeze(-1) - item.clamp(info.min, info.max)).exp_().mul_(g).unsqueeze(-1)
+
+
 def _softmax_weights(terms: Tensor, item: Tensor, g: Tensor, shared: bool) -> Tensor:
     """Log: ``exp(terms - item) * g``, in place on ``terms`` (``item`` the ⊕ of every rule's)."""
     info = torch.finfo(terms.dtype)
@@ -499,6 +544,6 @@ def _log_plus(dual: bool):
     return lambda a, b: _logsumexp_(torch.stack(torch.broadcast_tensors(a, b), -1), dual)
 
 
-_MANUAL = {LogSemiring: _Manual(_logsumexp_, _softmax_weights, None, _log_plus(False)),
+_MANUAL = {LogSemiring: _Manual(_logsumexp_, _softmax_weights, None, _log_plus(False), _logsumexp_keeping, _reweigh),
            MaxSemiring: _Manual(lambda t: t.amax(-1), _argmax_weights, _claim, torch.maximum)}
 _DUAL = {LogSemiring: _Manual(lambda t: _logsumexp_(t, dual=True), _softmax_weights, None, _log_plus(True))}

@@ -192,6 +192,9 @@ class Plan:
     size: dict[str, int] = field(default_factory=dict)  # buffer key -> number of positions
     scans: dict[int, Scan] = field(default_factory=dict)  # first level -> a run of chain levels
     looked_up: dict[str, int] = field(default_factory=dict)  # integer input -> the largest index it may hold
+    fused: list[list[Step]] = field(default_factory=list)  # the levels with sibling steps fused (:mod:`.fuse`)
+    arena: dict[str, int] = field(default_factory=dict)  # chart buffer key -> its first position in the arena
+    arena_size: int = 0
 
 
 def _strides(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[int]:
@@ -246,12 +249,13 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
                                  "'for' range or condition limits it", rule.head.col)
     boxes = _written(rules, syntax, shapes, boxes, labels)
     keys = {c: [c if k == 0 else f"{c}@{k}" for k in range(len(chart_layouts[c]))] for c in charts}
-    size = {key: boxes[c].size for c in charts for key in keys[c]}
+    stored = _stored(boxes)
+    size = {key: stored[c].size for c in charts for key in keys[c]}
     size.update({name: math.prod(s) for name, s in shapes.items()})
     systems = {i: sy for i, rule in enumerate(rules) if (sy := _system(rule, syntax, levels, shapes, boxes)) is not None}
     extra = _level_ranges(systems, levels)
     forms = [f for i, sy in systems.items() if extra[i] is not None
-             and (f := _form(i, sy, extra[i], syntax, shapes, boxes, chart_layouts, keys, size)) is not None]
+             and (f := _form(i, sy, extra[i], syntax, shapes, stored, chart_layouts, keys, size)) is not None]
     rank = {c: k for k, c in enumerate(levels.strata)}
     phases: dict[int, list[Form]] = {}
     for f in sorted((f for f in forms if f.chart != GOAL), key=lambda f: (rank[f.chart], f.index)):
@@ -281,6 +285,19 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
                     looked_up[ix.name] = min(looked_up.get(ix.name, math.inf), shapes[t.name][d] - 1)
     return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, list(syntax.lengths), size,
                 _scans(steps, shapes), looked_up)
+
+
+def _stored(boxes: dict[str, Space]) -> dict[str, Space]:
+    """The box each chart's buffers cover: the hull of the boxes of the charts of its rank, where
+    that at most doubles its own, so that steps over different charts (Eisner's complete and
+    incomplete spans) have the same strides and can be fused (:mod:`.fuse`). Positions outside a
+    chart's own box are never written: they read as zero, as items no rule defines do."""
+    hulls: dict[int, Space] = {}
+    for c, sp in boxes.items():
+        if c != GOAL and sp.size:
+            h = hulls.get(len(sp.lo))
+            hulls[len(sp.lo)] = sp if h is None else Space([min(a, b) for a, b in zip(h.lo, sp.lo)], [max(a, b) for a, b in zip(h.hi, sp.hi)])
+    return {c: hulls[len(sp.lo)] if c != GOAL and sp.size and hulls[len(sp.lo)].size <= 2 * sp.size else sp for c, sp in boxes.items()}
 
 
 def _chain(step: Step, shapes) -> tuple[View, View, View | None] | None:
@@ -518,9 +535,10 @@ def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
     return taus
 
 
-def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, boxes: dict[str, Space],
+def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, stored: dict[str, Space],
           chart_layouts, keys, size) -> Form | None:
-    """The rule at every level it fires at, or None where it never does at these sizes."""
+    """The rule at every level it fires at, or None where it never does at these sizes (``stored``:
+    the boxes the charts' buffers cover)."""
     code = syntax.constants
     rule, head, cons, unequal, indices = sy.rule, sy.rule.head, sy.cons + extra, sy.unequal, sy.indices
     head_vars, order = sy.head_vars, sy.order
@@ -568,7 +586,7 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, boxes
         if t.name in shapes:
             shape, lo = shapes[t.name], [0] * len(shapes[t.name])
         else:
-            shape, lo = boxes[t.name].shape, boxes[t.name].lo
+            shape, lo = stored[t.name].shape, stored[t.name].lo
         st = _strides(shape, layout)
         offset = np.zeros(taus.shape, dtype=np.int64)
         strides = [0] * len(order)

@@ -15,6 +15,7 @@ from ..semirings import Log, Semiring
 from .autodiff import Tape
 from .execute import Run
 from .factor import eliminate, factor
+from .fuse import fuse
 from .levels import find_levels
 from .plan import Plan, Unsupported, build, layouts, summed_variables
 from .syntax import GOAL, Affine, ProgramError, Rule, Term, parse
@@ -152,6 +153,7 @@ class Program:
         try:
             with _no_collection():
                 plan = build(self.rules, self.syntax, self.levels, dict(shapes), self._layouts)
+                fuse(plan)
         except Unsupported as e:
             raise ProgramError(str(e)) from None
         self._plans[key] = plan
