@@ -462,8 +462,8 @@ class _Manual:
         k = len(step.K)
         kept = run.kept.get(id(step)) if self.reweigh else None  # (not consumed: a second backward gives the same bits)
         if kept is not None:
-            item = run.view(buf[step.heads[0].source], step.heads[0])
-            w = self.reweigh(kept, item, g)
+            item = run.view(buf[step.heads[0].source], step.heads[0]) if step.shared else None
+            w = self.reweigh(kept, item, g, step.shared)
             w = w.reshape(*w.shape[:-1], *step.K)
         elif k or step.shared:
             item = run.view(buf[step.heads[0].source], step.heads[0])
@@ -499,18 +499,23 @@ def _logsumexp_(terms: Tensor, dual: bool = False) -> Tensor:
     return s.masked_fill_(empty, 1.0).log_().masked_fill_(empty, -math.inf).add_(m.squeeze(-1))
 
 
-def _logsumexp_keeping(terms: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """:func:`_logsumexp_` that also keeps ``exp(terms - max)`` and the max: the backward's weights
-    are then one product away (:func:`_reweigh`)."""
+def _logsumexp_keeping(terms: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """:func:`_logsumexp_` that also keeps ``p = exp(terms - max)``, the max and ``Σ p``: the
+    backward's weights are then one product away (:func:`_reweigh`)."""
     info = torch.finfo(terms.dtype)
     m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)
     p = terms.sub_(m).exp_()
-    return p.sum(-1).log_().add_(m.squeeze(-1)), (p, m)
+    s = p.sum(-1)
+    return s.log().add_(m.squeeze(-1)), (p, m, s)
 
 
-def _reweigh(kept: tuple[Tensor, Tensor], item: Tensor, g: Tensor) -> Tensor:
-    """Log: the weights ``exp(terms - item) * g`` from the forward's ``exp(terms - max)``."""
-    p, m = kept
+def _reweigh(kept: tuple[Tensor, Tensor, Tensor], item: Tensor | None, g: Tensor, shared: bool) -> Tensor:
+    """Log: the weights ``exp(terms - item) * g`` from the forward's ``exp(terms - max)``: ``p * g /
+    Σ p`` where the step alone wrote its items (``Σ p >= 1`` where any term is finite; an item
+    without derivations has ``p = 0``), else through the item, the ⊕ of every rule's."""
+    p, m, s = kept
+    if not shared:
+        return p * g.div(s.clamp_min(1)).unsqueeze(-1)
     info = torch.finfo(p.dtype)
     return p * (m.squeeze(-1) - item.clamp(info.min, info.max)).exp_().mul_(g).unsqueeze(-1)
 
