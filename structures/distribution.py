@@ -50,7 +50,8 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
         raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
-    top = x.detach().amax() if x.numel() else x.new_zeros(())  # NaN if any is, +inf if any is: one pass
+    # NaN if any is, +inf if any is: one pass
+    low, top = torch.aminmax(x.detach()) if x.numel() else (x.new_zeros(()), x.new_zeros(()))
     if torch.isnan(top):
         raise ValueError(f"{name}: contains NaN")
     if torch.isposinf(top):
@@ -58,7 +59,9 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
     # a structure's score sums up to one entry per part of an example: beyond this, sums overflow
     computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # half precision runs in float32
     limit = torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
-    largest = x.detach().abs().masked_fill(torch.isinf(x.detach()), 0).amax() if x.numel() else top
+    if torch.isneginf(low) and torch.isfinite(top):  # the smallest finite entry needs another pass
+        low = x.detach().masked_fill(torch.isneginf(x.detach()), math.inf).amin()
+    largest = torch.maximum(top.abs(), low.abs()) if torch.isfinite(top) else top.new_zeros(())
     if largest > limit:
         raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
                          f"{computed} (at most {limit:.3g} here: rescale, or use float64)")

@@ -9,14 +9,16 @@ Every score is shifted by its column's (its dependent's) max, which changes each
 the same constant (every word has exactly one head), so the arc weights ``W = exp(θ - c)`` lie in
 ``[0, 1]`` with a 1 in every column. Then, per example:
 
-1. **Fast path** (float64, LAPACK): LU of the Laplacian, ``log Z`` from its pivots, ``X = M^{-1}``
-   and Koo et al.'s formulas for the marginals (single root: the Laplacian of the words rooted at
-   one word ``c0`` and a rank-one correction). It is kept only where an *a-posteriori bound* of
-   its error, computed from the factors at ``O(n^2)`` cost (:func:`_fast`), certifies that
-   ``log Z`` and every marginal are within ``_TOL = 1e-9`` (absolute) of the exact values. LU of
-   an M-matrix has backward error ``|E| <= γ |L||U|``; the bound propagates it through ``X`` with
-   the column sums of ``|L||U|`` and the row maxima and absorption times of ``X``. At large score
-   scales the pivots cancel, the bound explodes, and the example moves on:
+1. **Fast path** (float64, LAPACK; :mod:`structures._certified`): LU of the Laplacian, ``log Z``
+   from its pivots, ``X = M^{-1}`` and Koo et al.'s formulas for the marginals (single root: the
+   Laplacian of the words rooted at one word ``c0`` and a rank-one correction). It is kept only
+   where an *a-posteriori bound* of its error, computed from the factors at ``O(n^2)`` cost,
+   certifies that ``log Z`` and every marginal are within ``TOL = 1e-9`` (absolute) of the exact
+   values. LU of an M-matrix has backward error ``|E| <= γ |L||U|``; the bound propagates it
+   through ``X`` with the column sums of ``|L||U|`` and the row maxima and absorption times of
+   ``X``. ``log Z`` alone (``log_partition`` without the marginals, which are computed when the
+   gradient asks for them) needs no inverse: the factors, one solve and a bound on ``diag X`` from
+   ``U``. At large score scales the pivots cancel, the bound explodes, and the example moves on:
 2. **Exact path** (:mod:`structures._matrix_tree`): subtraction-free elimination
    (Grassmann–Taksar–Heyman) in float64, blocked, with the marginals from leave-one-out
    eliminations instead of Koo's cancelling difference; every quantity is a sum of products of
@@ -54,13 +56,12 @@ from torch import Tensor
 import semiring as sr
 from semiring.semirings import CountSemiring, KMax, LogSemiring, MaxSemiring, RealSemiring, SampledSemiring
 
+from . import _certified as cert
 from . import _matrix_tree as mt
 from .distribution import StructuredDistribution, _eager, _inner
 from .optional import require
 from .trees import DependencyTrees, arcs
 
-_TOL = 1e-9  # certified absolute error of the fast path (log Z and every marginal)
-_U = 2.0**-53
 _RANGE = 1e280  # the linear exact path's range check
 
 __all__ = ["NonProjectiveDependencyCRF"]
@@ -125,139 +126,6 @@ def _feasibility(logW: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor,
 
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
-
-
-# ======================================================================================= fast path
-
-
-def _lu_bounds(LU: Tensor, X: Tensor, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """``φ >=`` the column sums of ``|L||U|``, the row maxima of ``X``, ``τ' = φ^T X`` and (with
-    ``extra [B, n]``) ``extra^T X`` from the same matrix product. ``LU`` is overwritten by ``U``
-    (its strict lower part zeroed in place: no temporary of its size).
-
-    Without row exchanges, the LU factors of a column diagonally dominant M-matrix have ``U > 0``
-    on the diagonal, ``U <= 0`` above it, and columns of ``L`` (below the unit diagonal) of
-    absolute sum at most 1 (every Schur complement stays column diagonally dominant); so
-    ``φ_j = 2 Σ_k |U_kj| = 2 (2 U_jj - Σ_{k<=j} U_kj)``. ``X`` is the inverse of an M-matrix:
-    its largest entry in row m is ``X_mm`` (``X_mh / X_mm`` is the probability that h reaches m)."""
-    d = LU.diagonal(dim1=-2, dim2=-1)
-    phi = (4.0 * d).sub_(LU.mT.tril_().sum(-1), alpha=2.0)  # LU.mT: row-major, row j = column j of U
-    rowmax = X.diagonal(dim1=-2, dim2=-1) * (1.0 + 1e-6)
-    if extra is None:
-        return phi, rowmax, (phi[:, None, :] @ X)[:, 0], None
-    tau, y = (torch.stack([phi, extra], 1) @ X).unbind(1)
-    return phi, rowmax, tau, y
-
-
-def _negated_columns(A: Tensor) -> Tensor:
-    """``-A`` (``[B, n, n]``) stored column-major, the layout LAPACK factors and solves in place
-    (a row-major matrix costs a transposing copy in ``lu_factor_ex`` and another in ``lu_solve``)."""
-    out = A.new_empty(A.shape[0], A.shape[2], A.shape[1])
-    return torch.neg(A.mT, out=out).mT
-
-
-def _lu_inverse(M: Tensor, extra: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """``(LU, X, logdet, ok, y)`` with LAPACK (``M``, column-major, is overwritten by its factors;
-    ``X`` is column-major); ok where no row was exchanged and every pivot is > 0. ``extra [B, n]``
-    (optional) is one more right-hand side, solved beside the identity: ``y = X extra`` (a
-    product with a column-major ``X`` would be a slow strided matrix-vector product)."""
-    B, n, _ = M.shape
-    piv = torch.empty(B, n, dtype=torch.int32, device=M.device)
-    info = torch.empty(B, dtype=torch.int32, device=M.device)
-    LU, piv, info = torch.linalg.lu_factor_ex(M, out=(M, piv, info))
-    diag = LU.diagonal(dim1=-2, dim2=-1)
-    # (info > 0, an exactly zero pivot, fails diag > 0)
-    ok = (piv == torch.arange(1, n + 1, dtype=piv.dtype, device=piv.device)).all(1) & (diag > 0).all(1)
-    k = n if extra is None else n + 1
-    rhs = M.new_zeros(B, k, n)  # the column-major [B, n, k] right-hand sides, transposed
-    rhs.diagonal(dim1=-2, dim2=-1).fill_(1.0)
-    if extra is not None:
-        rhs[:, n] = extra
-    sol = torch.linalg.lu_solve(LU, piv, rhs.mT, out=rhs.mT)  # in place: no second buffer, no copy
-    logdet = diag.clamp_min(1e-300).log().sum(1)
-    return LU, sol[..., :n], logdet, ok, (None if extra is None else sol[..., n])
-
-
-def _fast(W: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """Koo et al.'s formulas in float64 with LAPACK, and a certificate: ``(log Z(W), μ, ok [B])``,
-    ``ok`` where ``log Z`` and every marginal are certified within ``_TOL`` (absolute). ``W`` is
-    overwritten by ``μ``: the marginals are written where the weights were (a fresh ``[B, n, n]``
-    buffer costs more in page faults than the arithmetic on it), so only the Laplacian and its
-    inverse are new; the inverse is overwritten too, by Koo's differences.
-
-    Error analysis (first order; where the certificate passes the second-order terms are of the
-    order of ``_TOL``^2): LU without row exchanges and the triangular solves give every column of
-    ``X`` as the exact inverse of ``M + E`` with ``|E| <= γ |L||U|``, ``γ = 4 n u`` (Higham,
-    Thm. 9.3 and 8.5); so ``|ΔX_mh| <= γ (X |L||U| X)_mh <= γ rowmax(X)_m τ'_h`` with ``τ' = φ^T X``
-    and ``φ`` the column sums of ``|L||U|`` (:func:`_lu_bounds`), and ``|Δ log det| <= γ Σ_j
-    rowmax_j φ_j``. These are propagated through Koo's formulas with ``W <= 1`` (shifted columns),
-    plus the rounding of the formulas themselves. ``O(n^2)`` work besides LAPACK.
-    """
-    B, N1, _ = W.shape
-    n = N1 - 1
-    pad = ~real
-    Ww = W[:, 1:, 1:]  # becomes the words' marginals
-    r = W[:, 0, 1:]  # becomes the root's marginals
-    gam = 4.0 * n * _U
-    if not single_root:
-        M = _negated_columns(Ww)
-        M.diagonal(dim1=-2, dim2=-1).copy_(W[:, :, 1:].sum(1) + pad)
-        LU, X, logdet, ok, _ = _lu_inverse(M)
-        phi, rowmax, tau, _ = _lu_bounds(LU, X)
-        dX = X.diagonal(dim1=-2, dim2=-1).clone()
-        r.mul_(dX)
-        torch.sub(dX[:, None, :], X.mT, out=X.mT)  # [h, m]: X_mm - X_mh
-        Ww.mul_(X.mT).clamp_min_(0.0)
-        err_z = gam * (rowmax * phi).sum(1) + 4 * n * _U * logdet.abs()
-        err_mu = rowmax * (gam * (tau + tau.amax(1, keepdim=True)) + 4 * _U)
-        logZ = logdet
-    else:
-        # the words rooted at c0 (its out-arcs are the margins), then every root by a rank-one
-        # correction: T_c / T_c0 = v_c with K v = W[:, c0] (the kernel of the words' Laplacian)
-        c0 = Ww.sum(2).masked_fill_(pad, -1.0).argmax(1)[:, None]  # [B, 1]: the most popular head
-        row0 = c0[:, :, None].expand(B, 1, n)
-        col0 = c0[:, None, :].expand(B, n, 1)
-        K = _negated_columns(Ww)
-        K.diagonal(dim1=-2, dim2=-1).copy_(Ww.sum(1) + pad)
-        K.scatter_(1, row0, 0.0).scatter_(2, col0, 0.0)  # c0's row and column: the identity's
-        K.diagonal(dim1=-2, dim2=-1).scatter_(1, c0, 1.0)
-        w_in = Ww.gather(2, col0)[:, :, 0]  # arcs into c0 (0 from c0 itself)
-        LU, X, logdet, ok, v = _lu_inverse(K, w_in)
-        v.scatter_(1, c0, 1.0)
-        rr = r.scatter(1, c0, 0.0)
-        r0 = r.gather(1, c0)[:, 0]
-        phi, rowmax, tau, u = _lu_bounds(LU, X, rr)  # u = r^T X (0 at c0)
-        q = r0 + (u * w_in).sum(1)
-        qc = q[:, None]
-        vq = v / qc
-        sig_w = (tau * w_in).sum(1, keepdim=True)
-        rho_r = (rr * rowmax).sum(1, keepdim=True)
-        dv = gam * rowmax * sig_w
-        du = gam * rho_r * tau
-        dq = gam * rho_r * sig_w
-        umax = u.amax(1, keepdim=True)
-        dumax = du.amax(1, keepdim=True)
-        taumax = tau.amax(1, keepdim=True)
-        # (the sums u, v, q also carry their own rounding: relative n u, inside γ; the formula's
-        # five roundings, each below u (2 rowmax + 2 vq umax), are within 8 u rowmax + 2 γ vq umax)
-        rel_q = dq / qc + 2 * gam  # relative error of 1 / q, with the rounding of the division
-        uu = u + umax
-        err_w = rowmax * (gam * (tau + taumax) + 8 * _U) + (dv * uu + v * (dumax + du + uu * rel_q)) / qc
-        err_c0 = (dumax + umax * rel_q) / qc
-        err_root = r * (dv + v * rel_q) / qc
-        err_mu = torch.maximum(err_w.scatter_(1, c0, err_c0), err_root)
-        err_z = gam * (rowmax * phi).sum(1) + dq[:, 0] / q + 4 * n * _U * (logdet.abs() + q.log().abs())
-        logZ = logdet + q.log()
-        # X_mm - X_mh + vq_m (u_h - u_m), as (X_mm - vq_m u_m) - X_mh + u_h vq_m, in X's place
-        dX = X.diagonal(dim1=-2, dim2=-1)
-        torch.sub((dX - vq * u)[:, None, :], X.mT, out=X.mT)
-        X.mT.addcmul_(u[:, :, None], vq[:, None, :])
-        r.mul_(vq)
-        Ww.mul_(X.mT).scatter_(2, col0, (w_in * u / qc)[:, :, None]).clamp_min_(0.0)
-    err_mu = err_mu.masked_fill(pad, 0.0).amax(1)
-    # rowmax and tau are NaN or inf wherever X is, so the bounds also catch a failed inverse
-    ok &= torch.isfinite(logZ) & (err_z <= _TOL) & (err_mu <= _TOL)
-    return logZ, W, ok
 
 
 # ======================================================================================= exact path
@@ -342,7 +210,7 @@ def _solve(logW: Tensor, real: Tensor, single_root: bool, fast: bool = True, inf
     feasible, connected = _feasibility(logW, real, single_root)
     todo = (feasible & connected).nonzero().squeeze(1)
     if fast and todo.numel():
-        z, m, ok = _fast(logW[todo].exp(), real[todo], single_root)
+        z, m, ok = cert.marginals(logW[todo].exp(), real[todo], single_root)
         good = todo[ok]
         logZ[good], mu[good] = z[ok], m[ok]
         for i in good.tolist():
@@ -371,63 +239,81 @@ def _solve(logW: Tensor, real: Tensor, single_root: bool, fast: bool = True, inf
 
 
 def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_root: bool, fast: bool = True,
-                                info: dict | None = None) -> tuple[Tensor, Tensor]:
+                                info: dict | None = None, marginals: bool = True) -> tuple[Tensor, Tensor | None]:
     """``(log Z [B], μ [B, N+1, N+1])`` in float64, exactly (see the module doc). ``fast=False``
     skips the certified LAPACK path; ``info['method']`` tells, per example, which path answered
-    (``fast``, ``lin``, ``log``, ``conditioned`` or ``none`` where no tree exists)."""
+    (``fast``, ``lin``, ``log``, ``conditioned`` or ``none`` where no tree exists).
+    ``marginals=False``: log Z alone (μ is None), the fast path without an inverse."""
     x = theta.detach()
     B, N1, _ = x.shape
     N = N1 - 1
     dev = x.device
     full = lengths is None or bool((lengths == N).all())
     valid, real = (None, torch.ones(B, N, dtype=torch.bool, device=dev)) if full else _masks(N, lengths, dev)
-
-    def masked(rows: Tensor | None = None) -> Tensor:
-        """θ in float64 (a copy), -inf on the arcs that do not exist (every example full: the
-        diagonal and column 0)."""
+    def shifted(rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(θ - c, c [b, N])`` in float64 (a copy) for some examples, -inf on the arcs that do not
+        exist (every example full: the diagonal and column 0), c the max of every column."""
         out = (x if rows is None else x[rows]).to(torch.float64, copy=True)
         if valid is None:
             out.diagonal(dim1=-2, dim2=-1).fill_(-math.inf)
             out.select(2, 0).fill_(-math.inf)
         else:
             out.masked_fill_(~(valid if rows is None else valid[rows]), -math.inf)
-        return out
+        c = out[:, :, 1:].amax(1).nan_to_num_(neginf=0.0)  # padding words and words without heads (-inf)
+        out[:, :, 1:].sub_(c[:, None, :])
+        return out, c
 
-    logW = masked()
-    c = logW[:, :, 1:].amax(1)
-    c.nan_to_num_(neginf=0.0)  # padding words and words without heads (-inf)
-    csum = c.sum(1)
-    logW[:, :, 1:].sub_(c[:, None, :])
-
-    def shifted(rows: Tensor) -> Tensor:
-        """θ - c in float64 for some examples, -inf on the arcs that do not exist."""
-        out = masked(rows)
-        out[:, :, 1:].sub_(c[rows][:, None, :])
-        return out
-
+    rows = torch.arange(B, device=dev)
+    logZ = x.new_zeros(B, dtype=torch.float64)
+    mu = None
+    method = [""] * B
     if fast:
-        z, m, ok = _fast(logW.exp_(), real, single_root)
+        if marginals:
+            logW, c = shifted()
+            z, mu, ok = cert.marginals(logW.exp_(), real, single_root)
+        else:
+            Wt, root, c = _word_weights(x, valid)
+            z, ok = cert.log_partition(Wt, root, real, single_root)
+        logZ = z.add_(c.sum(1))
         if bool(ok.all()):
             if info is not None:
                 info["method"] = ["fast"] * B
-            return z + csum, m
-        logZ = torch.where(ok, z, torch.zeros_like(z))
-        mu = m * ok[:, None, None]
+            return logZ, mu
         rows = (~ok).nonzero().squeeze(1)
         method = ["fast" if x else "" for x in ok.tolist()]
-    else:
-        logZ = c.new_zeros(B)
-        mu = c.new_zeros(B, N1, N1)
-        rows = torch.arange(B, device=dev)
-        method = [""] * B
+    elif marginals:
+        mu = x.new_zeros(B, N1, N1, dtype=torch.float64)
     sub: dict = {}
-    z, m = _solve(shifted(rows) if fast else logW, real[rows], single_root, False, sub)
-    logZ[rows], mu[rows] = z, m
+    logW, c = shifted(rows if fast else None)
+    z, m = _solve(logW, real[rows], single_root, False, sub)
+    logZ[rows] = z + c.sum(1)
+    if mu is not None:
+        mu[rows] = m
     for i, name in zip(rows.tolist(), sub["method"]):
         method[i] = name
     if info is not None:
         info["method"] = method
-    return logZ + csum, mu
+    return logZ, mu
+
+
+def _word_weights(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(Wt [B, n, n], root [B, n], c [B, n])``: the column-shifted weights of the arcs between
+    words, transposed (``Wt[b, m, h]`` = ``exp(θ[b, h, m] - c[b, m])``: each word's heads
+    contiguous), and of the root's arcs, in float64, 0 where an arc does not exist (``valid``
+    False; None: the diagonal); ``c`` each word's max score (0 without a head)."""
+    B, N1, _ = x.shape
+    Wt = torch.empty(B, N1 - 1, N1 - 1, dtype=torch.float64, device=x.device)
+    Wt.copy_(x[:, 1:, 1:].mT)
+    root = x[:, 0, 1:].to(torch.float64, copy=True)
+    if valid is None:
+        Wt.diagonal(dim1=-2, dim2=-1).fill_(-math.inf)
+    else:
+        Wt.masked_fill_(~valid[:, 1:, 1:].mT, -math.inf)
+        root.masked_fill_(~valid[:, 0, 1:], -math.inf)
+    c = torch.maximum(Wt.amax(2), root).nan_to_num_(neginf=0.0)
+    Wt.sub_(c[:, :, None]).exp_()
+    root.sub_(c).exp_()
+    return Wt, root, c
 
 
 # ======================================================================================= autograd
@@ -529,21 +415,23 @@ class _Marginals(torch.autograd.Function):
 
 
 class _LogPartition(torch.autograd.Function):
-    """log Z(θ) with a precomputed exact value; gradient = the exact marginals (differentiable)."""
+    """log Z(θ) with a precomputed exact value; gradient = the exact marginals (differentiable),
+    computed when asked for: ``exact()`` gives ``(log Z, μ, certified)`` in float64."""
 
     @staticmethod
-    def forward(ctx, theta, logZ64, mu64, lengths, single_root, certified):
+    def forward(ctx, theta, logZ64, exact, lengths, single_root):
         ctx.save_for_backward(theta)
-        ctx.mu, ctx.lengths, ctx.single_root, ctx.certified = mu64, lengths, single_root, certified
+        ctx.exact, ctx.lengths, ctx.single_root = exact, lengths, single_root
         return logZ64.to(theta.dtype)
 
     @staticmethod
     def backward(ctx, g):
         (theta,) = ctx.saved_tensors
-        mu = _Marginals.apply(theta, ctx.mu, ctx.lengths, ctx.single_root, ctx.certified)
+        _, mu64, certified = ctx.exact()
+        mu = _Marginals.apply(theta, mu64, ctx.lengths, ctx.single_root, certified)
         if not torch.is_grad_enabled() and bool((g == 1).all()):
-            return mu, None, None, None, None, None  # the marginals themselves (no copy)
-        return g[:, None, None] * mu, None, None, None, None, None
+            return mu, None, None, None, None  # the marginals themselves (no copy)
+        return g[:, None, None] * mu, None, None, None, None
 
 
 # ======================================================================================= sampling
@@ -798,17 +686,29 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
     def _exact_result(self, theta: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """``(log Z, μ, certified)`` in float64, memoised for this distribution's own potentials;
         ``certified [B]``: the fast path answered (it decides how the marginals are differentiated)."""
-        key = None
-        if theta.data_ptr() == self._theta.data_ptr() and theta.shape == self._theta.shape and theta.stride() == self._theta.stride():
-            key = (theta._version, None if lengths is None else tuple(lengths.tolist()))
-            if key in self._cache:
-                return self._cache[key]
+        key = self._memo_key(theta, lengths)
+        if key in self._cache:
+            return self._cache[key]
         info: dict = {}
         logZ, mu = log_partition_and_marginals(theta, lengths, self.single_root, info=info)
         res = logZ, mu, torch.tensor([m == "fast" for m in info["method"]], dtype=torch.bool, device=theta.device)
         if key is not None:
             self._cache = {key: res}
         return res
+
+    def _memo_key(self, theta: Tensor, lengths: Tensor | None) -> tuple | None:
+        """The key of :meth:`_exact_result`'s memo: None unless ``theta`` is this distribution's own."""
+        if theta.data_ptr() == self._theta.data_ptr() and theta.shape == self._theta.shape and theta.stride() == self._theta.stride():
+            return theta._version, None if lengths is None else tuple(lengths.tolist())
+        return None
+
+    def _log_partition(self, theta: Tensor, lengths: Tensor | None) -> Tensor:
+        """log Z in float64: from the memo of :meth:`_exact_result` if it holds it, else without the
+        marginals (the certified path needs no inverse for it)."""
+        key = self._memo_key(theta, lengths) if self._cache else None
+        if key in self._cache:
+            return self._cache[key][0]
+        return log_partition_and_marginals(theta, lengths, self.single_root, marginals=False)[0]
 
     @_eager
     def run(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
@@ -850,8 +750,8 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             vals = self._score_trees(theta, heads.clamp_min(0), lengths)
             return vals.masked_fill((heads < 0).any(-1), -math.inf)
         if isinstance(semiring, LogSemiring):
-            logZ, mu, certified = self._exact_result(theta, raw_lengths)
-            return _LogPartition.apply(theta, logZ, mu, lengths, self.single_root, certified)
+            return _LogPartition.apply(theta, self._log_partition(theta, raw_lengths),
+                                       lambda: self._exact_result(theta, raw_lengths), lengths, self.single_root)
         if isinstance(semiring, CountSemiring):
             return self._count(theta, lengths)
         if isinstance(semiring, RealSemiring):
