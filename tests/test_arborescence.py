@@ -22,6 +22,19 @@ from structures.decode import is_tree, kbest_arborescences, max_arborescence, tr
 TOL = 1e-9
 
 
+@pytest.fixture(autouse=True, params=["numpy", "compiled"])
+def tarjan_implementation(request, monkeypatch):
+    """Every test runs with the numpy Tarjan and with the compiled one (numba; skipped without it)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(arb, "_tarjan_compiled", None)
+    else:
+        pytest.importorskip("numba")
+        from structures.decode._tarjan_compiled import tarjan
+
+        monkeypatch.setattr(arb, "_tarjan_compiled", tarjan)
+    return request.param
+
+
 # ----------------------------------------------------------------------------------------------
 # oracles
 # ----------------------------------------------------------------------------------------------
@@ -195,8 +208,8 @@ def planted(gen, B, N, margin=20.0):
 
 def test_shortcut_and_contraction_paths(monkeypatch):
     calls = []
-    real = arb._tarjan
-    monkeypatch.setattr(arb, "_tarjan", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = arb._tarjan_any
+    monkeypatch.setattr(arb, "_tarjan_any", lambda *a, **k: calls.append(1) or real(*a, **k))
     gen = torch.Generator().manual_seed(5)
     s, tree = planted(gen, 8, 40)
     for single in (False, True):
@@ -366,3 +379,24 @@ def test_kbest_counts_and_first_is_argmax():
     assert torch.allclose(sc[0], tree_score(s, max_arborescence(s, single_root=True)))
     for r in range(5):
         assert is_tree(h[r], single_root=True).all()
+
+
+def test_compiled_tarjan_gives_the_numpy_heads():
+    """The compiled Tarjan is the numpy one in machine code: the same heads, ties broken alike."""
+    pytest.importorskip("numba")
+    from structures.decode._tarjan_compiled import tarjan
+
+    gen = torch.Generator().manual_seed(9)
+    for n in (1, 2, 5, 30, 64):
+        for trial in range(4):
+            w = torch.randn(n + 1, n + 1, generator=gen, dtype=torch.float64)
+            if trial == 3:
+                w = w.round()  # ties
+            w[0] = -math.inf  # incoming layout w[m, h]: nothing enters the root
+            w.fill_diagonal_(-math.inf)
+            a = w.numpy()
+            for root_last in (False, True):
+                assert tarjan(None, a, root_last) == arb._tarjan(None, a, root_last)
+            forbid = torch.rand(n + 1, n + 1, generator=gen) < 0.3
+            T, _, S = arb._tiers(w.masked_fill(forbid, -math.inf).numpy(), True, -float(n + 1))
+            assert tarjan(T, S) == arb._tarjan(T, S)

@@ -78,6 +78,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+try:  # the compiled Tarjan (optional: numba); else the numpy one below
+    from ._tarjan_compiled import tarjan as _tarjan_compiled
+except ImportError:
+    _tarjan_compiled = None
+
 __all__ = ["is_tree", "kbest_arborescences", "max_arborescence", "tree_score"]
 
 # tier of the arcs that do not exist (diagonal, into the root, padding, inside a super-node);
@@ -295,6 +300,11 @@ def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> l
     return fh[:n1]
 
 
+def _tarjan_any(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False):
+    """:func:`_tarjan`, compiled where numba is installed (the same heads)."""
+    return (_tarjan_compiled or _tarjan)(Wt, Ws, root_last)
+
+
 def _shortcut(a: np.ndarray, ln: np.ndarray, single_root: bool) -> tuple[np.ndarray, np.ndarray]:
     """Per-word best heads ``[B, n1]`` of prepared scores, and whether they are the answer.
 
@@ -321,9 +331,9 @@ def _solve(a: np.ndarray, ln: np.ndarray, single_root: bool) -> np.ndarray:
         # a forbidden arc: more -inf than the masking made (row 0, into the root; the diagonal)
         if int((w == -math.inf).sum()) > 2 * L1 - 1:
             T, _, S = _tiers(w, single_root, -float(n1))
-            h = _tarjan(T, S)
+            h = _tarjan_any(T, S)
         else:  # every arc between positions 0..n exists: no tier beyond the root penalty
-            h = _tarjan(None, w.astype(np.float64), root_last=single_root)
+            h = _tarjan_any(None, w.astype(np.float64), root_last=single_root)
         heads[b, :L1] = h
         heads[b, L1:] = 0
     return heads
@@ -338,7 +348,7 @@ def _solve_lex(T: np.ndarray, base: np.ndarray, S: np.ndarray, single_root: bool
     if single_root:
         ok &= (heads[:, 1:] == 0).sum(1) <= 1
     for p in np.flatnonzero(~ok).tolist():
-        heads[p] = _tarjan(T[p], S[p])
+        heads[p] = _tarjan_any(T[p], S[p])
     return heads
 
 
