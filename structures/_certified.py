@@ -49,15 +49,14 @@ def _lu_bounds(LU: Tensor, X: Tensor, extra: Tensor | None = None) -> tuple[Tens
 
 def _factor(M: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(LU, piv, logdet, ok)`` of ``M [B, n, n]`` (column-major, overwritten by its factors) by
-    LAPACK; ok where no row was exchanged and every pivot is > 0."""
+    LAPACK; ok where no row was exchanged. A pivot <= 0 makes ``logdet`` NaN or -inf: the callers
+    certify only finite results."""
     B, n, _ = M.shape
     piv = torch.empty(B, n, dtype=torch.int32, device=M.device)
     info = torch.empty(B, dtype=torch.int32, device=M.device)
     LU, piv, info = torch.linalg.lu_factor_ex(M, out=(M, piv, info))
-    diag = LU.diagonal(dim1=-2, dim2=-1)
-    # (info > 0, an exactly zero pivot, fails diag > 0)
-    ok = (piv == torch.arange(1, n + 1, dtype=piv.dtype, device=piv.device)).all(1) & (diag > 0).all(1)
-    return LU, piv, diag.clamp_min(1e-300).log().sum(1), ok
+    ok = (piv == torch.arange(1, n + 1, dtype=piv.dtype, device=piv.device)).all(1)
+    return LU, piv, LU.diagonal(dim1=-2, dim2=-1).log().sum(1), ok
 
 
 def _solve(LU: Tensor, piv: Tensor, rhs: Tensor) -> Tensor:
@@ -80,7 +79,7 @@ def _lu_inverse(M: Tensor, extra: Tensor | None = None) -> tuple[Tensor, Tensor,
     return LU, sol[..., :n], logdet, ok, (None if extra is None else sol[..., n])
 
 
-def _laplacian(Wt: Tensor, root: Tensor, pad: Tensor, single_root: bool, out: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def _laplacian(Wt: Tensor, root: Tensor, pad: Tensor | None, single_root: bool, out: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """``(M, c0, w_in)``: the matrix of the matrix-tree theorem, column-major ``[B, n, n]`` (stored
     transposed in ``out``, which may be ``Wt`` itself), from the words' weights transposed
     (``Wt[b, m, h]``: the arc h -> m, 0 on the diagonal) and the root's ``root [B, n]``.
@@ -88,17 +87,21 @@ def _laplacian(Wt: Tensor, root: Tensor, pad: Tensor, single_root: bool, out: Te
     Multi-root: ``M = diag(colsum W) - W_words``, ``det M = Z``. Single root: ``K``, the Laplacian
     of the words' graph rooted at ``c0 [B, 1]`` (the most popular head; its row and column are the
     identity's), and ``w_in [B, n]`` the arcs into ``c0``: the trees rooted at word c weigh
-    ``T_c = det K v_c`` with ``K v = w_in`` (``v_c0 = 1``). Column-major is the layout LAPACK
+    ``T_c = det K v_c`` with ``K v = w_in`` (``v_c0 = 1``). ``pad [B, n]``: the padding words
+    (None: none). Column-major is the layout LAPACK
     factors and solves in place (a row-major matrix costs a transposing copy in ``lu_factor_ex``
     and another in ``lu_solve``)."""
     B, n, _ = Wt.shape
     c0 = w_in = None
     if single_root:
-        c0 = Wt.sum(1).masked_fill_(pad, -1.0).argmax(1)[:, None]
+        out_weights = Wt.sum(1)
+        c0 = (out_weights if pad is None else out_weights.masked_fill_(pad, -1.0)).argmax(1)[:, None]
         w_in = Wt.gather(1, c0[:, :, None].expand(B, 1, n))[:, 0]
-        d = Wt.sum(2) + pad
+        d = Wt.sum(2)
     else:
-        d = Wt.sum(2).add_(root).add_(pad)
+        d = Wt.sum(2).add_(root)
+    if pad is not None:
+        d.add_(pad)
     Mt = torch.neg(Wt, out=out)
     Mt.diagonal(dim1=-2, dim2=-1).copy_(d)
     if single_root:
@@ -116,10 +119,10 @@ def _diagonal_bound(LU: Tensor) -> Tensor:
     return torch.linalg.solve_triangular(LU, ones, upper=True)[..., 0] * (1.0 + 1e-6)
 
 
-def log_partition(Wt: Tensor, root: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+def log_partition(Wt: Tensor, root: Tensor, real: Tensor | None, single_root: bool) -> tuple[Tensor, Tensor]:
     """``(log Z [B], ok [B])`` from the LU factors alone (no inverse: ``O(n^3 / 3)``), for the words'
     weights transposed ``Wt [B, n, n]`` (``Wt[b, m, h]``: the arc h -> m; overwritten by the
-    factors) and the root's ``root [B, n]``.
+    factors) and the root's ``root [B, n]`` (``real``: None where no word is padding).
 
     The bound of :func:`marginals` on ``log Z``, with the row maxima ``X_mm`` of ``X`` replaced by
     the bound of :func:`_diagonal_bound`: ``|Δ log det| <= γ Σ_j X_jj φ_j``. Single root,
@@ -128,7 +131,7 @@ def log_partition(Wt: Tensor, root: Tensor, real: Tensor, single_root: bool) -> 
     """
     n = Wt.shape[-1]
     gam = 4.0 * n * _U
-    M, c0, w_in = _laplacian(Wt, root, ~real, single_root, Wt)
+    M, c0, w_in = _laplacian(Wt, root, None if real is None else ~real, single_root, Wt)
     LU, piv, logdet, ok = _factor(M)
     if single_root:
         v = _solve(LU, piv, w_in[:, None, :])[..., 0]

@@ -50,18 +50,18 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
         raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
-    # NaN if any is, +inf if any is: one pass
-    low, top = torch.aminmax(x.detach()) if x.numel() else (x.new_zeros(()), x.new_zeros(()))
-    if torch.isnan(top):
+    # NaN if any is, +inf if any is: one pass, read once
+    low, top = torch.stack(torch.aminmax(x.detach())).tolist() if x.numel() else (0.0, 0.0)
+    if math.isnan(top):
         raise ValueError(f"{name}: contains NaN")
-    if torch.isposinf(top):
+    if top == math.inf:
         raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
     # a structure's score sums up to one entry per part of an example: beyond this, sums overflow
     computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # half precision runs in float32
     limit = torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
-    if torch.isneginf(low) and torch.isfinite(top):  # the smallest finite entry needs another pass
-        low = x.detach().masked_fill(torch.isneginf(x.detach()), math.inf).amin()
-    largest = torch.maximum(top.abs(), low.abs()) if torch.isfinite(top) else top.new_zeros(())
+    if low == -math.inf and top > -math.inf:  # the smallest finite entry needs another pass
+        low = x.detach().masked_fill(torch.isneginf(x.detach()), math.inf).amin().item()
+    largest = max(abs(top), abs(low)) if top > -math.inf else 0.0
     if largest > limit:
         raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
                          f"{computed} (at most {limit:.3g} here: rescale, or use float64)")

@@ -273,7 +273,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
             z, mu, ok = cert.marginals(logW.exp_(), real, single_root)
         else:
             Wt, root, c = _word_weights(x, valid)
-            z, ok = cert.log_partition(Wt, root, real, single_root)
+            z, ok = cert.log_partition(Wt, root, None if valid is None else real, single_root)
         logZ = z.add_(c.sum(1))
         if bool(ok.all()):
             if info is not None:
@@ -416,22 +416,22 @@ class _Marginals(torch.autograd.Function):
 
 class _LogPartition(torch.autograd.Function):
     """log Z(θ) with a precomputed exact value; gradient = the exact marginals (differentiable),
-    computed when asked for: ``exact()`` gives ``(log Z, μ, certified)`` in float64."""
+    computed when asked for: ``exact()`` gives ``(log Z, μ, certified, lengths)``, float64."""
 
     @staticmethod
-    def forward(ctx, theta, logZ64, exact, lengths, single_root):
+    def forward(ctx, theta, logZ64, exact, single_root):
         ctx.save_for_backward(theta)
-        ctx.exact, ctx.lengths, ctx.single_root = exact, lengths, single_root
+        ctx.exact, ctx.single_root = exact, single_root
         return logZ64.to(theta.dtype)
 
     @staticmethod
     def backward(ctx, g):
         (theta,) = ctx.saved_tensors
-        _, mu64, certified = ctx.exact()
-        mu = _Marginals.apply(theta, mu64, ctx.lengths, ctx.single_root, certified)
+        _, mu64, certified, lengths = ctx.exact()
+        mu = _Marginals.apply(theta, mu64, lengths, ctx.single_root, certified)
         if not torch.is_grad_enabled() and bool((g == 1).all()):
-            return mu, None, None, None, None  # the marginals themselves (no copy)
-        return g[:, None, None] * mu, None, None, None, None
+            return mu, None, None, None  # the marginals themselves (no copy)
+        return g[:, None, None] * mu, None, None, None
 
 
 # ======================================================================================= sampling
@@ -751,7 +751,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             return vals.masked_fill((heads < 0).any(-1), -math.inf)
         if isinstance(semiring, LogSemiring):
             return _LogPartition.apply(theta, self._log_partition(theta, raw_lengths),
-                                       lambda: self._exact_result(theta, raw_lengths), lengths, self.single_root)
+                                       lambda: (*self._exact_result(theta, raw_lengths), lengths), self.single_root)
         if isinstance(semiring, CountSemiring):
             return self._count(theta, lengths)
         if isinstance(semiring, RealSemiring):
