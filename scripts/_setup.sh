@@ -30,10 +30,11 @@ setup() {
         say "installing torch==$TORCH_VERSION into $VENV"
         "$py" -m pip install -qq "torch==$TORCH_VERSION"
     fi
-    # Reinstall the package only when pyproject.toml, the extras or the checkout's place change.
+    # Reinstall the package (building the C extension) only when pyproject.toml, setup.py, the C
+    # source, the extras or the checkout's place change.
     local stamp="$VENV/.structures-installed${extras:+-$extras}"
     local want
-    want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) $ROOT"
+    want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/structures/decode/_tarjan.c" | sha256sum | cut -d' ' -f1) $ROOT"
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         say "installing this package (pip install -e '.${extras:+[$extras]}')"
         "$py" -m pip install -qq -e "$ROOT${extras:+[$extras]}"

@@ -24,14 +24,11 @@ TOL = 1e-9
 
 @pytest.fixture(autouse=True, params=["numpy", "compiled"])
 def tarjan_implementation(request, monkeypatch):
-    """Every test runs with the numpy Tarjan and with the compiled one (numba; skipped without it)."""
+    """Every test runs with the numpy Tarjan and with the C one (skipped where it is not built)."""
     if request.param == "numpy":
-        monkeypatch.setattr(arb, "_tarjan_compiled", None)
-    else:
-        pytest.importorskip("numba")
-        from structures.decode._tarjan_compiled import tarjan
-
-        monkeypatch.setattr(arb, "_tarjan_compiled", tarjan)
+        monkeypatch.setattr(arb, "_tarjan_c", None)
+    elif arb._tarjan_c is None:
+        pytest.skip("the C extension structures.decode._tarjan_c is not built (setup.py build_ext --inplace)")
     return request.param
 
 
@@ -381,11 +378,9 @@ def test_kbest_counts_and_first_is_argmax():
         assert is_tree(h[r], single_root=True).all()
 
 
-def test_compiled_tarjan_gives_the_numpy_heads():
+def test_compiled_tarjan_gives_the_numpy_heads(tarjan_implementation):
     """The compiled Tarjan is the numpy one in machine code: the same heads, ties broken alike."""
-    pytest.importorskip("numba")
-    from structures.decode._tarjan_compiled import tarjan
-
+    tarjan = arb._tarjan_any
     gen = torch.Generator().manual_seed(9)
     for n in (1, 2, 5, 30, 64):
         for trial in range(4):

@@ -78,10 +78,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-try:  # the compiled Tarjan (optional: numba); else the numpy one below
-    from ._tarjan_compiled import tarjan as _tarjan_compiled
+try:  # the compiled Tarjan (_tarjan.c, built at install time when a C compiler is there)
+    from . import _tarjan_c
 except ImportError:
-    _tarjan_compiled = None
+    _tarjan_c = None
 
 __all__ = ["is_tree", "kbest_arborescences", "max_arborescence", "tree_score"]
 
@@ -300,9 +300,14 @@ def _tarjan(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> l
     return fh[:n1]
 
 
-def _tarjan_any(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False):
-    """:func:`_tarjan`, compiled where numba is installed (the same heads)."""
-    return (_tarjan_compiled or _tarjan)(Wt, Ws, root_last)
+def _tarjan_any(Wt: np.ndarray | None, Ws: np.ndarray, root_last: bool = False) -> list[int]:
+    """:func:`_tarjan`, compiled where the C extension is built (the same heads, ties broken alike)."""
+    if _tarjan_c is None:
+        return _tarjan(Wt, Ws, root_last)
+    S = np.ascontiguousarray(Ws, dtype=np.float64)
+    heads = np.empty(S.shape[0], dtype=np.int64)
+    _tarjan_c.tarjan(S if Wt is None else np.ascontiguousarray(Wt, dtype=np.float64), S, Wt is not None, root_last, heads)
+    return heads.tolist()
 
 
 def _shortcut(a: np.ndarray, ln: np.ndarray, single_root: bool) -> tuple[np.ndarray, np.ndarray]:
