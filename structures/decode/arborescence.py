@@ -24,6 +24,11 @@ The algorithm
    memory, in ``O(n)`` numpy operations on whole rows. Undoing the contractions (outermost
    first: the member holding the entering arc's modifier takes that arc, the others keep their
    cycle arcs) is a Python loop of ``O(n)`` steps, ``O(n^2)`` for the deepest nestings.
+   Where the optional C extension is built (``_tarjan.c``, at install time), the same algorithm
+   with the same tie-breaking runs there instead, 3-6x faster at n = 128: the numpy version pays
+   a few microseconds per operation on a row. (numba was measured too: as fast once warm, but its
+   first call in every process loads its on-disk cache for ~0.5 s, and it is a 200 MB
+   dependency; a C extension costs nothing at the first call and nothing to depend on.)
 
 Everything runs on CPU in numpy, on one copy of the scores laid out by incoming arcs (float32
 or float64 as given; float16 and bfloat16 become float32, exactly): the shortcut compares the
