@@ -25,6 +25,8 @@ from .fuse import ARENA
 from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
 
+KEEP = 1  # the Log weights a run keeps for its backward, in numbers per number its charts hold (:meth:`Run.keepable`)
+
 
 class Run:
     """One run of a plan in a semiring: ``names`` the inputs (program order), ``lengths`` a dict
@@ -134,6 +136,22 @@ class Run:
             g.scatter_(-1, index.reshape(*[1] * self.lead, -1, 1).expand(*goal.shape[:-1], 1), grad.unsqueeze(-1).expand(*goal.shape[:-1], 1))
         return g
 
+    def keepable(self) -> set[int]:
+        """The ids of the steps whose Log weights the forward keeps for the backward: the smallest
+        summing steps, up to ``KEEP`` times as many numbers as the charts hold, so that keeping
+        at most doubles the memory of a run (the weights of every step would be O(n^3) to Eisner's
+        O(n^2) charts) and spares the most torch calls per number kept. Found once per plan."""
+        plan = self.plan
+        if plan.keepable is None:
+            sizes = sorted((math.prod(st.sizes), id(st)) for steps in plan.fused for st in steps if len(st.K))
+            budget, plan.keepable = KEEP * sum(plan.size[k] for ks in plan.keys.values() for k in ks), set()
+            for n, i in sizes:
+                budget -= n
+                if budget < 0:
+                    break
+                plan.keepable.add(i)
+        return plan.keepable
+
     def all_steps(self, fused: bool = False):
         """(level number, its steps) in order, the goal's last; ``fused``: sibling steps as one."""
         yield from enumerate(self.plan.fused if fused else self.plan.levels)
@@ -220,11 +238,12 @@ class Run:
                     self.view(buf[v.source], v).copy_(alphas)
                 self.kept[lev] = (alphas, leaves)
                 continue
+            kept = self.keepable() if keep else ()
             for step in steps:
-                value = manual.step(self, step, buf, keep) if manual else None
-                if value is None:
-                    value = self.compute(step, lambda v: self.read(buf, v), like)
-                self.write(buf, step, value, manual.plus if manual else None)
+                if manual:
+                    manual.step(self, step, buf, id(step) in kept)
+                else:
+                    self.write(buf, step, self.compute(step, lambda v: self.read(buf, v), like))
         return self.select_goal(buf[GOAL]), buf
 
     # ------------------------------------------------------------ backward, in place
@@ -411,24 +430,32 @@ def _backward_order(steps: list[Step]) -> list[list[Step]]:
 
 
 class _Manual:
-    """A step and its vector-Jacobian product written out for one semiring: ``reduce(terms)`` (⊕
-    over the last dimension, may work in place), ``weights(terms, item, g, shared)`` (the gradient
-    of each instance); optionally ``keeping(terms)``, a reduce that also returns what
-    ``reweigh(kept, item, g)`` turns into the same weights without recomputing the terms."""
+    """A step and its vector-Jacobian product written out for one semiring: ``reduce(terms, out)``
+    (⊕ over the last dimension, may work in place; into ``out`` where given and of its shape),
+    ``weights(terms, item, g, shared)`` (the gradient of each instance); optionally
+    ``keeping(terms, out)``, a reduce that also returns what ``reweigh(kept, item, g, shared)``
+    turns into the same weights without recomputing the terms. ``direct``: items may be computed
+    straight into the chart's buffer (not on forward-mode dual tensors)."""
 
-    def __init__(self, reduce, weights, claim, plus, keeping=None, reweigh=None):
+    def __init__(self, reduce, weights, claim, plus, keeping=None, reweigh=None, direct=True):
         self.reduce, self.weights, self.claim, self.plus = reduce, weights, claim, plus
-        self.keeping, self.reweigh = keeping, reweigh
+        self.keeping, self.reweigh, self.direct = keeping, reweigh, direct
 
     @staticmethod
-    def terms(run: Run, step: Step, buf) -> Tensor:
+    def terms(run: Run, step: Step, buf, out: Tensor | None = None) -> Tensor:
         """``Σ reads`` over the whole box ``[*, B, *coords]`` (outer terms too: broadcast over K),
-        on a fresh tensor, ``-inf`` where the box holds no instance."""
+        on a fresh tensor (or ``out``, where the sum has its shape and needs no mask), ``-inf``
+        where the box holds no instance."""
         n, k = len(step.sizes), len(step.K)
         first_outer = len(step.reads) - step.form.outer
         vals = [run.read(buf, v) for v in step.reads[:first_outer] if v is not None]
         if first_outer < len(step.reads):  # outer terms vary with the L coordinates only
             vals += [run.read(buf, v)[(..., *[None] * k)] for v in step.reads[first_outer:] if v is not None]
+        if out is not None and len(vals) > 1 and not step.masks and (vals[0].shape == out.shape or vals[1].shape == out.shape):
+            s = torch.add(vals[0], vals[1], out=out)
+            for v in vals[2:]:
+                s.add_(v)
+            return s
         if not vals:
             s = torch.zeros((1, *step.sizes), dtype=buf[GOAL].dtype, device=buf[GOAL].device)
         else:
@@ -442,17 +469,26 @@ class _Manual:
             s = s.masked_fill(~m, -math.inf)
         return s
 
-    def step(self, run: Run, step: Step, buf, keep: bool = False) -> Tensor:
-        """The step's items; ``keep``: a backward follows, so keep what it can reuse."""
-        s = self.terms(run, step, buf)
+    def step(self, run: Run, step: Step, buf, keep: bool = False) -> None:
+        """Compute the step's items and write them to every layout of its chart (⊕ into what
+        earlier steps of the level wrote; else, where shapes allow, straight into the first
+        layout); ``keep``: a backward follows, so keep what it can reuse."""
         k = len(step.K)
+        first = run.view(buf[step.heads[0].source], step.heads[0]) if self.direct and not step.accumulate else None
         if not k:
-            value = s
-        elif keep and self.keeping is not None:
-            value, run.kept[id(step)] = self.keeping(s.reshape(*s.shape[: s.dim() - k], -1))
+            value = self.terms(run, step, buf, first)
         else:
-            value = self.reduce(s.reshape(*s.shape[: s.dim() - k], -1))
-        return value.expand(*value.shape[: run.lead], run.batch, *step.L)
+            s = self.terms(run, step, buf)
+            s = s.reshape(*s.shape[: s.dim() - k], -1)
+            if keep and self.keeping is not None:
+                value, run.kept[id(step)] = self.keeping(s, first)
+            else:
+                value = self.reduce(s, first)
+        if value is first:
+            for v in step.heads[1:]:
+                run.view(buf[v.source], v).copy_(first)
+        else:
+            run.write(buf, step, value.expand(*value.shape[: run.lead], run.batch, *step.L), self.plus)
 
     def vjp(self, run: Run, step: Step, buf, grads) -> None:
         form = step.form
@@ -487,26 +523,41 @@ class _Manual:
                 run.add(grads, v, w.sum(list(range(w.dim() - k, w.dim()))) if k else w, buf=buf)
 
 
-def _logsumexp_(terms: Tensor, dual: bool = False) -> Tensor:
-    """Log ⊕ over the last dimension, in place on ``terms``. ``dual``: forward-mode dual tensors,
-    whose derivative must be 0, not 0/0, where every term is -inf (an item without derivations)."""
+def _into(a: Tensor, b: Tensor, out: Tensor | None) -> Tensor:
+    """``a + b``: into ``out`` where given and of the sum's shape, else in place on ``a``."""
+    if out is not None and a.shape == out.shape:
+        return torch.add(a, b, out=out)
+    return a.add_(b)
+
+
+def _logsumexp_(terms: Tensor, out: Tensor | None = None, dual: bool = False) -> Tensor:
+    """Log ⊕ over the last dimension, in place on ``terms`` (into ``out``: :func:`_into`).
+    ``dual``: forward-mode dual tensors, whose derivative must be 0, not 0/0, where every term is
+    -inf (an item without derivations)."""
     info = torch.finfo(terms.dtype)
     m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)
     s = terms.sub_(m).exp_().sum(-1)
     if not dual:
-        return s.log_().add_(m.squeeze(-1))
+        return _into(s.log_(), m.squeeze(-1), out)
     empty = s == 0
     return s.masked_fill_(empty, 1.0).log_().masked_fill_(empty, -math.inf).add_(m.squeeze(-1))
 
 
-def _logsumexp_keeping(terms: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
+def _logsumexp_keeping(terms: Tensor, out: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
     """:func:`_logsumexp_` that also keeps ``p = exp(terms - max)``, the max and ``Σ p``: the
     backward's weights are then one product away (:func:`_reweigh`)."""
     info = torch.finfo(terms.dtype)
     m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)
     p = terms.sub_(m).exp_()
     s = p.sum(-1)
-    return s.log().add_(m.squeeze(-1)), (p, m, s)
+    return _into(s.log(), m.squeeze(-1), out), (p, m, s)
+
+
+def _amax(terms: Tensor, out: Tensor | None = None) -> Tensor:
+    """Max ⊕ over the last dimension (into ``out`` where given and of the result's shape)."""
+    if out is not None and terms.shape[:-1] == out.shape:
+        return torch.amax(terms, -1, out=out)
+    return terms.amax(-1)
 
 
 def _reweigh(kept: tuple[Tensor, Tensor, Tensor], item: Tensor | None, g: Tensor, shared: bool) -> Tensor:
@@ -546,9 +597,9 @@ def _claim(run: Run, step: Step, grads, flat: Tensor, item: Tensor) -> None:
 
 
 def _log_plus(dual: bool):
-    return lambda a, b: _logsumexp_(torch.stack(torch.broadcast_tensors(a, b), -1), dual)
+    return lambda a, b: _logsumexp_(torch.stack(torch.broadcast_tensors(a, b), -1), dual=dual)
 
 
 _MANUAL = {LogSemiring: _Manual(_logsumexp_, _softmax_weights, None, _log_plus(False), _logsumexp_keeping, _reweigh),
-           MaxSemiring: _Manual(lambda t: t.amax(-1), _argmax_weights, _claim, torch.maximum)}
-_DUAL = {LogSemiring: _Manual(lambda t: _logsumexp_(t, dual=True), _softmax_weights, None, _log_plus(True))}
+           MaxSemiring: _Manual(_amax, _argmax_weights, _claim, torch.maximum)}
+_DUAL = {LogSemiring: _Manual(lambda t, out=None: _logsumexp_(t, dual=True), _softmax_weights, None, _log_plus(True), direct=False)}
