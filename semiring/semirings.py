@@ -186,8 +186,8 @@ class _LogScan(torch.autograd.Function):
     @staticmethod
     def _by_weights(ctx, init: Tensor, xs: Tensor, unary: Tensor | None, base: Tensor) -> None:
         """Per-step matrices, gradients wanted: each step keeps ``exp(sums - column max)`` in one
-        buffer the size of ``xs`` — the buffer that becomes the gradient of ``xs`` in the backward,
-        which then needs no exp (each column's softmax is these over their sum)."""
+        buffer the size of ``xs``, from which the backward gets the gradient of ``xs`` without an
+        exp (each column's softmax is these over their sum)."""
         low = torch.finfo(xs.dtype).min
         weights = torch.empty_like(xs, memory_format=torch.contiguous_format)  # [B, T, K, L]
         sums = xs.new_empty(base.shape)  # [T, B, L]; each >= 1 (the max term is exp(0)), or 0 if all are -inf
@@ -241,14 +241,14 @@ class _LogScan(torch.autograd.Function):
                 gE += ctx.shifted[t].transpose(0, 1) @ q
                 carry = ctx.shifted[t] * (q @ ctx.E.transpose(0, 1))
             return carry, (ctx.E * gE).reshape(xs.shape), gu, None
-        if ctx.weights is not None:  # the stored weights become the gradient, in place: once
-            gx, ctx.weights = ctx.weights, None
-            for t, w in zip(range(steps - 1, -1, -1), reversed(gx.unbind(1))):
+        if ctx.weights is not None:  # the gradient is the stored weights reweighed (kept: a second backward gives the same bits)
+            gx = torch.empty_like(ctx.weights)
+            for t, w, out in zip(range(steps - 1, -1, -1), reversed(ctx.weights.unbind(1)), reversed(gx.unbind(1))):
                 g = grad[:, t] + carry
                 if gu is not None:
                     gu[:, t] = g
-                w.mul_((g / ctx.sums[t].clamp_min(1)).unsqueeze(-2))  # a column of sum 0 has weights 0
-                carry = w.sum(-1)
+                torch.mul(w, (g / ctx.sums[t].clamp_min(1)).unsqueeze(-2), out=out)  # a column of sum 0 has weights 0
+                carry = out.sum(-1)
             return carry, gx, gu, None
         per_step = xs.shape[1] > 1  # else one matrix [1, 1, K, L] for every step and example
         gx = torch.empty_like(xs) if per_step else None

@@ -150,3 +150,12 @@ def test_random_chains_match_brute_force_and_are_never_nan(chain):
     expected = (torch.arange(theta.shape[1]) < (lengths - 1).unsqueeze(-1)).to(theta.dtype)
     assert_close(per_position[finite], expected[finite])
     assert_close(crf.marginals.sum((1, 2, 3))[finite], (lengths - 1).to(theta.dtype)[finite])
+
+
+@pytest.mark.parametrize("N", [2, 8])
+def test_default_gradcheck_passes_a_second_backward_gives_the_same_bits(N):
+    """torch's gradcheck runs the backward twice and wants the same bits (the fused scan's backward
+    once consumed the weights its forward kept, and a second backward recomputed them)."""
+    theta = torch.randn(2, N - 1, 3, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: LinearChainCRF(x).log_partition, (theta,))
+    assert torch.autograd.gradcheck(lambda x: LinearChainCRF(x).marginals, (theta,))
