@@ -7,7 +7,7 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import StructuredDistribution, check_shape
+from .distribution import StructuredDistribution, check_shape, check_tags
 
 
 class LinearChainCRF(StructuredDistribution):
@@ -123,13 +123,9 @@ class LinearChainCRF(StructuredDistribution):
             return super().score(value)
         B, C = self._batch, self._theta.shape[-1]
         n = self._theta.shape[1] + (0 if self._bos else 1)  # tags per example
-        if value.dim() < 2 or tuple(value.shape[-2:]) != (B, n) or value.dtype == torch.bool:
-            raise ValueError(f"value: expected integer tags of shape [..., B, N] = [..., {B}, {n}], got {value.dtype} {list(value.shape)}")
         tag_lengths = self.lengths.to(value.device) - (1 if self._bos else 0)
+        tags = check_tags(value, B, n, C, tag_lengths)
         inside = torch.arange(n, device=value.device) < tag_lengths.unsqueeze(-1)  # [B, n]
-        tags = torch.where(inside, value, 0)
-        if ((tags < 0) | (tags >= C)).any():
-            raise ValueError(f"value: tags must lie in 0..{C - 1} within each length")
         lead = tags.shape[:-2]
         if self._emission_parts is not None:
             em, trans = self._emission_parts

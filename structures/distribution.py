@@ -78,6 +78,19 @@ def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int)
         raise ValueError(f"{name}: expected values in {lo}..{hi}, got {x[bad].tolist()}")
 
 
+def check_tags(value: Tensor, batch: int, n: int, classes: int, lengths: Tensor) -> Tensor:
+    """Tags ``value [..., B, n]`` with 0 past each example's ``lengths[b]`` (what is there is
+    ignored); ``ValueError`` naming ``value`` unless they are integers of that shape in
+    ``0..classes-1`` within each length."""
+    if value.dim() < 2 or tuple(value.shape[-2:]) != (batch, n) or value.dtype.is_floating_point or value.dtype == torch.bool:
+        raise ValueError(f"value: expected integer tags of shape [..., B, N] = [..., {batch}, {n}], got {value.dtype} {list(value.shape)}")
+    inside = torch.arange(n, device=value.device) < lengths.to(value.device).unsqueeze(-1)  # [B, n]
+    tags = torch.where(inside, value, 0)
+    if bool(((tags < 0) | (tags >= classes)).any()):
+        raise ValueError(f"value: tags must lie in 0..{classes - 1} within each length, got {value[inside.expand_as(value)].unique().tolist()}")
+    return tags
+
+
 Lengths = Union[Tensor, Mapping[str, Tensor], Sequence[Tensor], None]
 
 
@@ -145,6 +158,15 @@ class StructuredDistribution(torch.distributions.Distribution):
             if len(lengths) != len(names):
                 raise ValueError(f"lengths: expected {len(names)} tensors [B] (for {names}), got {len(lengths)}")
             lengths = dict(zip(names, lengths))
+        try:
+            empty = self.program.lengths_allowed(self._shapes).size == 0
+        except sr.ProgramError:  # a size 0 can leave an index without bounds
+            if all(all(shape) for shape in self._shapes.values()):
+                raise
+            empty = True
+        if empty:
+            raise ValueError(f"log_potentials: shape {list(self.log_potentials.shape)} (expected [{self.shape}]) "
+                             "admits no structure: a size is too small")
         return self.program.check_lengths(lengths, self._batch, self._shapes)
 
     def _lookups_for(self, rows: int) -> dict[str, Tensor]:

@@ -7,7 +7,7 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import StructuredDistribution, check_shape
+from .distribution import StructuredDistribution, check_shape, check_tags
 
 
 class EmissionCRF(StructuredDistribution):
@@ -59,10 +59,9 @@ class EmissionCRF(StructuredDistribution):
     def to_parts(self, tags: Tensor) -> Tensor:
         """One-hot tags ``[..., B, N, C]`` of tag sequences ``[..., B, N]`` (entries past each length ignored)."""
         N, C = self._theta.shape[-2:]
-        if tags.shape[-1] != N:
-            raise ValueError(f"value: expected tags of shape [..., B, {N}], got {list(tags.shape)}")
+        tags = check_tags(tags, self._batch, N, C, self.lengths)
         inside = torch.arange(N, device=tags.device) < self.lengths.to(tags.device).unsqueeze(-1)
-        return torch.nn.functional.one_hot(tags.clamp(0, C - 1), C).to(self._theta.dtype) * inside.unsqueeze(-1)
+        return torch.nn.functional.one_hot(tags, C).to(self._theta.dtype) * inside.unsqueeze(-1)
 
     def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:
         """Transitions taken ``[..., B, C, C]``, and the first and last tags ``[..., B, C]``."""

@@ -7,7 +7,7 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import StructuredDistribution, check_shape
+from .distribution import StructuredDistribution, check_shape, check_tags
 
 
 class HopChainCRF(StructuredDistribution):
@@ -65,8 +65,7 @@ class HopChainCRF(StructuredDistribution):
     def to_parts(self, facts: Tensor) -> Tensor:
         """One-hot parts ``[..., B, K, F, F]`` of fact sequences ``[..., B, K]`` (hops past each length ignored)."""
         K, F = self._theta.shape[1], self._theta.shape[-1]
-        if facts.shape[-1] != K:
-            raise ValueError(f"value: expected facts of shape [..., B, {K}], got {list(facts.shape)}")
+        facts = check_tags(facts, self._batch, K, F, self.lengths)
         prev = torch.cat([torch.zeros_like(facts[..., :1]), facts[..., :-1]], -1)
         onehot = torch.nn.functional.one_hot(prev * F + facts, F * F).reshape(*facts.shape, F, F).to(self._theta.dtype)
         inside = torch.arange(K, device=facts.device) < self.lengths.to(facts.device).unsqueeze(-1)

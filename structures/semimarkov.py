@@ -16,7 +16,7 @@ class SemiMarkovCRF(StructuredDistribution):
     ``log_potentials[b, j, k-1, y, c]`` (shape ``[B, N, K, C, C]``) scores a segment of length ``k``
     that *ends* at position ``j`` (covers ``j-k+1..j``), labelled ``c``, following a segment labelled
     ``y``. The first segment has no predecessor and reads ``y = 0``. ``lengths[b]`` in ``1..N``.
-    ``decode()`` gives the label of every position ``[B, N]`` (-1 past each length) and
+    ``decode()`` gives the label of every position ``[B, N]`` (0 past each length, as every structure pads) and
     ``segments()`` the best segmentation as ``(first, last, label)`` triples per example. Values for
     ``log_prob`` are one-hot parts.
     """
@@ -29,7 +29,7 @@ class SemiMarkovCRF(StructuredDistribution):
     shape = "B, N, K, C, C"
 
     def decode(self) -> Tensor:
-        """``[B, N]`` long: the label of every position in the best segmentation (-1 past each length)."""
+        """``[B, N]`` long: the label of every position in the best segmentation (0 past each length)."""
         return self.labels(self.argmax)
 
     def segments(self, parts: Tensor | None = None) -> list[list[tuple[int, int, int]]]:
@@ -43,10 +43,11 @@ class SemiMarkovCRF(StructuredDistribution):
         return out
 
     def labels(self, parts: Tensor) -> Tensor:
-        """Per-position labels ``[..., B, N]`` of segmentations given as one-hot parts."""
+        """Per-position labels ``[..., B, N]`` of segmentations given as one-hot parts (0 where no
+        segment covers a position: past each length)."""
         N, K = parts.shape[-4], parts.shape[-3]
         on = parts.sum(-2)  # [..., N, K, C]: segment ending at j of length k labelled c
-        out = torch.full(parts.shape[:-4] + (N,), -1, dtype=torch.long, device=parts.device)
+        out = torch.zeros(parts.shape[:-4] + (N,), dtype=torch.long, device=parts.device)
         ends = on.flatten(-2).sum(-1) > 0  # [..., N]
         length = on.sum(-1).argmax(-1) + 1  # [..., N]
         label = on.sum(-2).argmax(-1)

@@ -16,6 +16,7 @@ import torch
 from torch.testing import assert_close
 
 from brute import FAMILIES, Enumeration, Family, as_multiset, random_lengths, random_potentials
+from structures import EmissionCRF, HopChainCRF, LinearChainCRF
 
 
 @dataclass(frozen=True)
@@ -465,3 +466,26 @@ def test_gradient_queries_work_under_no_grad(family):
         assert_close(d.topk(2), expected.topk(2))
         assert_close(d.entropy(), expected.entropy())
         assert d.sample((3,)).flatten(2).sum(-1).gt(0).all() or expected.max.isneginf().any()
+
+
+TAGGERS = {  # structures whose decoded form is one integer per position: tags (or facts) 0..2
+    "LinearChainCRF": lambda: LinearChainCRF(torch.randn(2, 3, 3, 3), torch.tensor([4, 2])),
+    "EmissionCRF": lambda: EmissionCRF(torch.randn(2, 4, 3), torch.randn(3, 3), lengths=torch.tensor([4, 2])),
+    "HopChainCRF": lambda: HopChainCRF(torch.randn(2, 4, 3, 3), torch.tensor([4, 2])),
+}
+
+
+@pytest.mark.parametrize("name", TAGGERS)
+@pytest.mark.parametrize("bad", [3, -1, 7], ids=str)
+def test_tags_out_of_range_within_the_length_are_a_value_error_naming_value(name, bad):
+    d = TAGGERS[name]()
+    tags = torch.tensor([[0, 1, 2, 0], [1, 0, 0, 0]])
+    inside = tags.clone()
+    inside[0, 3] = bad
+    with pytest.raises(ValueError, match="value"):
+        d.log_prob(inside)
+    past = tags.clone()
+    past[1, 3] = bad  # past the length: ignored
+    assert torch.isfinite(d.log_prob(past)).all()
+    with pytest.raises(ValueError, match="value"):
+        d.log_prob(tags.bool())

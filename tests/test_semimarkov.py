@@ -48,7 +48,7 @@ def test_decode_labels_every_position_of_the_best_segmentation():
     theta = random_potentials((N, K, C, C), 4, g)
     lengths = random_lengths(4, N, g)
     crf = SemiMarkovCRF(theta, lengths)
-    expected = torch.full((4, N), -1)
+    expected = torch.zeros(4, N, dtype=torch.long)  # 0 past each length, as every structure pads
     for b, e in enumerate(SEMIMARKOV.enumerate(theta, lengths)):
         best = e.parts[e.scores.argmax()]
         for j, k, _, c in best.nonzero().tolist():  # segment ending at j, of length k+1, labelled c
