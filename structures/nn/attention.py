@@ -36,6 +36,15 @@ def check_lengths(lengths: Tensor | None, batch: int, low: int, high: int, devic
     return lengths.long()
 
 
+def zero_padding(x: Tensor, lengths: Tensor | None, dim: int = 1) -> Tensor:
+    """``x [B, ...]`` with the positions ``>= lengths[b]`` along ``dim`` set to 0, whatever they
+    held (NaN, inf): what a layer reads from padding then adds nothing to any score, sum or gradient."""
+    if lengths is None:
+        return x
+    real = position_mask(lengths, x.shape[0], x.shape[dim], x.device)
+    return x.masked_fill(~real.reshape(x.shape[0], *[1] * (dim - 1), x.shape[dim], *[1] * (x.dim() - dim - 1)), 0)
+
+
 def position_mask(lengths: Tensor | None, batch: int, size: int, device: torch.device) -> Tensor:
     """``[B, N]`` bool: True at the real (non-padded) positions."""
     if lengths is None:
@@ -80,7 +89,7 @@ class BilinearAttention(nn.Module):
             raise ValueError(f"query: expected shape [B, Q] or [B, T, Q] = [{B}, ..., {Q}], got {_shape(query)}")
         lengths = check_lengths(lengths, B, 1, N, memory.device)
         single = query.dim() == 2
-        return memory, query.unsqueeze(1) if single else query, lengths, single
+        return zero_padding(memory, lengths), query.unsqueeze(1) if single else query, lengths, single
 
 
 def _shape(x) -> str:

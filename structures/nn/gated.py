@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .attention import _shape, check_lengths, position_mask
+from .attention import _shape, check_lengths, position_mask, zero_padding
 from .output import AttentionOutput
 
 
@@ -79,5 +79,7 @@ class GatedSyntacticContext(nn.Module):
                 weights = weights.unsqueeze(1)
         elif weights is not None:
             raise ValueError("weights: not accepted with shared=False (the layer computes its own attention)")
-        return state, annotations, weights, check_lengths(lengths, B, 1, N, annotations.device), single
+        lengths = check_lengths(lengths, B, 1, N, annotations.device)
+        weights = None if weights is None else zero_padding(weights, lengths, 2)
+        return state, zero_padding(annotations, lengths), weights, lengths, single
 

@@ -29,18 +29,20 @@ import torch
 from torch import Tensor, nn
 
 from ..hops import HopChainCRF
-from .attention import _shape, check_lengths, position_mask
+from .attention import _shape, check_lengths, position_mask, zero_padding
 from .output import AttentionOutput
 
 
-def _check_facts(inputs: Tensor, outputs: Tensor, lengths: Tensor | None) -> Tensor | None:
-    """Validate ``inputs``/``outputs [B, K, F, D]`` and return ``lengths`` as a long tensor or None."""
+def _check_facts(inputs: Tensor, outputs: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Validate ``inputs``/``outputs [B, K, F, D]``: (both with their padded facts 0, ``lengths`` as
+    a long tensor or None)."""
     if not isinstance(inputs, Tensor) or inputs.dim() != 4 or 0 in inputs.shape[1:3]:
         raise ValueError(f"inputs: expected shape [B, K, F, D] with K, F >= 1, got {_shape(inputs)}")
     if not isinstance(outputs, Tensor) or outputs.shape != inputs.shape:
         raise ValueError(f"outputs: expected shape [B, K, F, D] = {list(inputs.shape)}, got {_shape(outputs)}")
     B, _, F, _ = inputs.shape
-    return check_lengths(lengths, B, 1, F, inputs.device)
+    lengths = check_lengths(lengths, B, 1, F, inputs.device)
+    return zero_padding(inputs, lengths, 2), zero_padding(outputs, lengths, 2), lengths
 
 
 def _masked_log_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -63,7 +65,7 @@ class MemoryHopAttention(nn.Module):
         self.linear = linear
 
     def forward(self, inputs: Tensor, outputs: Tensor, query: Tensor, lengths: Tensor | None = None) -> AttentionOutput:
-        lengths = _check_facts(inputs, outputs, lengths)
+        inputs, outputs, lengths = _check_facts(inputs, outputs, lengths)
         B, K, F, D = inputs.shape
         if not isinstance(query, Tensor) or query.shape != (B, D):
             raise ValueError(f"query: expected shape [B, D] = [{B}, {D}], got {_shape(query)}")
@@ -103,7 +105,7 @@ class HopAttention(nn.Module):
         self.linear = linear
 
     def forward(self, inputs: Tensor, outputs: Tensor, queries: Tensor, lengths: Tensor | None = None) -> AttentionOutput:
-        lengths = _check_facts(inputs, outputs, lengths)
+        inputs, outputs, lengths = _check_facts(inputs, outputs, lengths)
         B, K, F, D = inputs.shape
         if not isinstance(queries, Tensor) or queries.shape != (B, K, D):
             raise ValueError(f"queries: expected shape [B, K, D] = [{B}, {K}, {D}], got {_shape(queries)}")

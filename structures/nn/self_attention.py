@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nonprojective import NonProjectiveDependencyCRF
-from .attention import check_lengths, position_mask
+from .attention import check_lengths, position_mask, zero_padding
 from .output import AttentionOutput
 
 SCORES = ("bilinear", "dot")
@@ -127,4 +127,5 @@ class StructuredSelfAttention(nn.Module):
         if not isinstance(values, Tensor) or values.dim() != 3 or values.shape != (B, N, self.value_dim):
             got = list(values.shape) if isinstance(values, Tensor) else type(values).__name__
             raise ValueError(f"values: expected shape [B, N, V] = [{B}, {N}, {self.value_dim}], got {got}")
-        return states, values, check_lengths(lengths, B, 1, N, states.device)
+        lengths = check_lengths(lengths, B, 1, N, states.device)
+        return zero_padding(states, lengths), zero_padding(values, lengths), lengths

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .attention import _shape, check_lengths, position_mask
+from .attention import _shape, check_lengths, position_mask, zero_padding
 from .output import AttentionOutput
 from .tree_lstm import tree_levels
 
@@ -61,6 +61,7 @@ class SubtreeAttention(nn.Module):
             query_lengths = check_lengths(query_lengths, B, 1, M, memory.device)
         except ValueError as error:  # name the argument
             raise ValueError(f"query_{error}") from None
+        memory, query = zero_padding(memory, lengths), zero_padding(query, query_lengths)
         trees = tree_levels(heads, query_lengths)
         keys = self.memory_proj(memory)  # W_x h^x: [B, N, D]
         queries = self.query_proj(query).flatten(0, 1)  # W_y h^y: [B*M, D]

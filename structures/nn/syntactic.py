@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from ..projective import ProjectiveDependencyCRF
-from .attention import check_lengths, position_mask
+from .attention import check_lengths, position_mask, zero_padding
 from .output import AttentionOutput
 
 
@@ -101,4 +101,5 @@ class SyntacticAttention(nn.Module):
         elif not isinstance(values, Tensor) or values.dim() != 3 or values.shape[:2] != (B, N):
             got = list(values.shape) if isinstance(values, Tensor) else type(values).__name__
             raise ValueError(f"values: expected shape [B, N, V] = [{B}, {N}, V], got {got}")
-        return states, values, check_lengths(lengths, B, 2, N, states.device)
+        lengths = check_lengths(lengths, B, 2, N, states.device)
+        return zero_padding(states, lengths), zero_padding(values, lengths), lengths
