@@ -14,6 +14,7 @@ the out-of-place and forward-mode runs keep the plan's own levels.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 from .plan import Form, Plan, Step, View, _overlap
@@ -126,20 +127,20 @@ def _acyclic(after: dict[str, set[str]], edges: list[tuple[str, str]]) -> bool:
 
 def _order(keys: list[str], after: dict[str, set[str]]) -> list[str]:
     """The keys in an order that respects the precedences, otherwise as given."""
-    before = {k: 0 for k in keys}
+    rank = {k: i for i, k in enumerate(keys)}
+    before = dict.fromkeys(keys, 0)
     for k in keys:
         for m in after[k]:
             before[m] += 1
+    ready = [rank[k] for k in keys if not before[k]]
     out: list[str] = []
-    ready = [k for k in keys if not before[k]]
     while ready:
-        k = min(ready, key=keys.index)
-        ready.remove(k)
+        k = keys[heapq.heappop(ready)]
         out.append(k)
         for m in after[k]:
             before[m] -= 1
             if not before[m]:
-                ready.append(m)
+                heapq.heappush(ready, rank[m])
     return out
 
 
