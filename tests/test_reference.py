@@ -100,3 +100,19 @@ def test_the_interpreter_refuses_a_cycle():
 def test_the_interpreter_refuses_a_program_nothing_bounds(text):
     with pytest.raises(ValueError, match="edge of the interpreter's box"):
         interpret(text, sr.Log, a=torch.zeros(1, 3), x=torch.zeros(1, 3), y=torch.zeros(1, 3))
+
+
+def test_sibling_rules_run_as_one_step_with_positive_strides():
+    """Eisner's two complete-span rules (``C[s, t, R]``, ``C[s, t, L]``) are one fused step at every
+    level where both fire; the arena orders the charts' buffers so that every stride is positive
+    (the values of fused runs are the interpreter's: the test above)."""
+    from semiring.language.fuse import Fused
+
+    plan = sr.program(_MULTI_ROOT).plan({"arc": (6, 6)})
+    fused = [step for level in plan.fused for step in level if isinstance(step.form, Fused)]
+    both = [level for level in plan.levels if sum(str(s.form.rule.head).startswith("C[s, t") for s in level) == 2]
+    assert len(fused) == len(both) > 0
+    for step in fused:
+        assert step.sizes[0] == 2
+        assert all(s >= 0 for v in [*step.reads, *step.heads] if v is not None for s in v.strides)
+        assert all(v.strides[0] > 0 for v in step.heads)
