@@ -1,15 +1,16 @@
 """The certified fast path of :mod:`structures.nonprojective`: the matrix-tree theorem with LAPACK
 in float64 and an a-posteriori bound of its error.
 
-Input: column-shifted arc weights ``W [B, N+1, N+1]`` in ``[0, 1]`` (``W[b, h, m]``, row 0 the
-root, 0 where an arc does not exist) and ``real [B, N]`` (the words; padding words are isolated,
-hanging from the root with weight 1). Each function returns ``ok [B]``: where the bound certifies
-that every answer is within ``TOL`` (absolute) of the exact value; elsewhere the caller moves on
-to the exact subtraction-free path (:mod:`structures._matrix_tree`).
+Input: column-shifted arc weights in ``[0, 1]``, 0 where an arc does not exist, and which words
+are real (padding words are isolated, hanging from the root with weight 1): ``W [B, N+1, N+1]``
+(``W[b, h, m]``, row 0 the root) for :func:`marginals`; the words' block transposed and the
+root's row apart for :func:`log_partition`. Each function returns ``ok [B]``: where the bound
+certifies that every answer is within ``TOL`` (absolute) of the exact value; elsewhere the caller
+moves on to the exact subtraction-free path (:mod:`structures._matrix_tree`).
 
 LU of a column diagonally dominant M-matrix without row exchanges has backward error
 ``|E| <= γ |L||U|`` with ``γ = 4 n u`` (Higham, Thm. 9.3 and 8.5), and every solve with the factors
-is the exact solve of such an ``M + E``. ``φ`` (:func:`_lu_bounds`) bounds the column sums of
+is the exact solve of such an ``M + E``. ``φ`` (:func:`_phi`) bounds the column sums of
 ``|L||U|``; the inverse ``X`` is entrywise non-negative.
 """
 
@@ -20,7 +21,6 @@ from torch import Tensor
 
 TOL = 1e-9  # certified absolute error of the fast path (log Z and every marginal)
 _U = 2.0**-53
-
 
 
 def _phi(LU: Tensor) -> Tensor:
@@ -88,9 +88,8 @@ def _laplacian(Wt: Tensor, root: Tensor, pad: Tensor | None, single_root: bool, 
     of the words' graph rooted at ``c0 [B, 1]`` (the most popular head; its row and column are the
     identity's), and ``w_in [B, n]`` the arcs into ``c0``: the trees rooted at word c weigh
     ``T_c = det K v_c`` with ``K v = w_in`` (``v_c0 = 1``). ``pad [B, n]``: the padding words
-    (None: none). Column-major is the layout LAPACK
-    factors and solves in place (a row-major matrix costs a transposing copy in ``lu_factor_ex``
-    and another in ``lu_solve``)."""
+    (None: none). Column-major is the layout LAPACK factors and solves in place (a row-major
+    matrix costs a transposing copy in ``lu_factor_ex`` and another in ``lu_solve``)."""
     B, n, _ = Wt.shape
     c0 = w_in = None
     if single_root:

@@ -250,6 +250,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     dev = x.device
     full = lengths is None or bool((lengths == N).all())
     valid, real = (None, torch.ones(B, N, dtype=torch.bool, device=dev)) if full else _masks(N, lengths, dev)
+
     def shifted(rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``(θ - c, c [b, N])`` in float64 (a copy) for some examples, -inf on the arcs that do not
         exist (every example full: the diagonal and column 0), c the max of every column."""
@@ -263,26 +264,25 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
         out[:, :, 1:].sub_(c[:, None, :])
         return out, c
 
-    rows = torch.arange(B, device=dev)
-    logZ = x.new_zeros(B, dtype=torch.float64)
-    mu = None
-    method = [""] * B
     if fast:
         if marginals:
             logW, c = shifted()
             z, mu, ok = cert.marginals(logW.exp_(), real, single_root)
         else:
             Wt, root, c = _word_weights(x, valid)
-            z, ok = cert.log_partition(Wt, root, None if valid is None else real, single_root)
+            (z, ok), mu = cert.log_partition(Wt, root, None if valid is None else real, single_root), None
         logZ = z.add_(c.sum(1))
         if bool(ok.all()):
             if info is not None:
                 info["method"] = ["fast"] * B
             return logZ, mu
         rows = (~ok).nonzero().squeeze(1)
-        method = ["fast" if x else "" for x in ok.tolist()]
-    elif marginals:
-        mu = x.new_zeros(B, N1, N1, dtype=torch.float64)
+        method = ["fast" if o else "" for o in ok.tolist()]
+    else:
+        logZ = x.new_zeros(B, dtype=torch.float64)
+        mu = x.new_zeros(B, N1, N1, dtype=torch.float64) if marginals else None
+        rows = torch.arange(B, device=dev)
+        method = [""] * B
     sub: dict = {}
     logW, c = shifted(rows if fast else None)
     z, m = _solve(logW, real[rows], single_root, False, sub)
