@@ -750,6 +750,9 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             vals = self._score_trees(theta, heads.clamp_min(0), lengths)
             return vals.masked_fill((heads < 0).any(-1), -math.inf)
         if isinstance(semiring, LogSemiring):
+            if theta.requires_grad and torch.is_grad_enabled():  # the backward will want μ: one factorization for both
+                res = self._exact_result(theta, raw_lengths)
+                return _LogPartition.apply(theta, res[0], lambda: (*res, lengths), self.single_root)
             return _LogPartition.apply(theta, self._log_partition(theta, raw_lengths),
                                        lambda: (*self._exact_result(theta, raw_lengths), lengths), self.single_root)
         if isinstance(semiring, CountSemiring):
