@@ -16,9 +16,9 @@ the same constant (every word has exactly one head), so the arc weights ``W = ex
    certifies that ``log Z`` and every marginal are within ``TOL = 1e-9`` (absolute) of the exact
    values. LU of an M-matrix has backward error ``|E| <= γ |L||U|``; the bound propagates it
    through ``X`` with the column sums of ``|L||U|`` and the row maxima and absorption times of
-   ``X``. ``log Z`` alone (``log_partition`` without the marginals, which are computed when the
-   gradient asks for them) needs no inverse: the factors, one solve and a bound on ``diag X`` from
-   ``U``. At large score scales the pivots cancel, the bound explodes, and the example moves on:
+   ``X``. ``log Z`` alone (``log_partition`` of potentials that do not require grad; otherwise the
+   backward will want the marginals, computed with it) needs no inverse: the factors, one solve
+   and a bound on ``diag X`` from ``U``. At large score scales the pivots cancel, the bound explodes, and the example moves on:
 2. **Exact path** (:mod:`structures._matrix_tree`): subtraction-free elimination
    (Grassmann–Taksar–Heyman) in float64, blocked, with the marginals from leave-one-out
    eliminations instead of Koo's cancelling difference; every quantity is a sum of products of
