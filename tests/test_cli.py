@@ -15,8 +15,11 @@ def test_help_names_the_command_and_exits(module, capsys):
     assert f"usage: python -m {module}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module", COMMANDS)
-def test_help_shows_the_defaults(module, capsys):
+SUBCOMMANDS = {"structures.experiments.parse": ["train", "evaluate", "predict"]}
+
+
+@pytest.mark.parametrize("module, subcommand", [(m, s) for m in COMMANDS for s in SUBCOMMANDS.get(m, [None])])
+def test_help_shows_the_defaults(module, subcommand, capsys):
     with pytest.raises(SystemExit):
-        importlib.import_module(module).main(["--help"])
+        importlib.import_module(module).main([subcommand, "--help"] if subcommand else ["--help"])
     assert "(default: " in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """Reading and writing CoNLL-U (multiword tokens and empty nodes kept out of the tree and written
-back), and attachment scores / tree shapes against hand-checked cases."""
+back), reading raw tokenized text, and attachment scores (CoNLL 2018) / tree shapes against
+hand-checked cases."""
 
 from pathlib import Path
 
@@ -7,7 +8,8 @@ import pytest
 
 from structures.experiments import default_data_dir
 from structures.experiments.attachment import Attachment, TreeShapes, is_projective, is_tree
-from structures.experiments.ud import TREEBANKS, read_conllu, with_tree, write_conllu
+from structures.experiments.ud import (TREEBANKS, looks_like_conllu, read_conllu, read_sentences, read_tokenized,
+                                       with_tree, write_conllu)
 
 # A multiword token (2-3), an empty node (4.1) with enhanced deps, comments.
 SAMPLE = """# sent_id = s1
@@ -91,6 +93,36 @@ def test_attachment_hand_checked():
     b = Attachment()
     b.add([2, 0], [0, 1], ["NOUN", "VERB"])  # the arc 1-2 reversed: undirected right, directed wrong
     assert b.uas == 0.0 and b.undirected_accuracy == 0.5
+
+
+def test_conll2018_scores_count_syntactic_words_and_universal_labels(sample, tmp_path):
+    gold = read_conllu(sample)
+    gold_labels = [["nsubj", "aux:pass", "advmod", "root", "punct"], ["root"]]
+    gold_file, predicted_file = tmp_path / "gold.conllu", tmp_path / "predicted.conllu"
+    write_conllu(gold_file, gold, [s.heads for s in gold], gold_labels)
+    # word 3 attached to word 2 (wrong head), word 5 labelled obj (wrong label); the subtypes differ on words 1, 2
+    write_conllu(predicted_file, gold, [[4, 4, 2, 0, 4], [0]], [["nsubj:outer", "aux", "advmod", "root", "obj"], ["root"]])
+    a = Attachment()
+    for g, p in zip(read_conllu(gold_file), read_conllu(predicted_file)):
+        a.add(g.heads, p.heads, g.upos, g.deprels, p.deprels)
+    assert a.words == 6  # the multiword token 2-3 and the empty node 4.1 are not words
+    assert a.uas == pytest.approx(5 / 6) and a.las == pytest.approx(4 / 6)
+    assert a.uas_no_punct == pytest.approx(4 / 5) and a.las_no_punct == pytest.approx(4 / 5)  # "." is PUNCT
+
+
+def test_raw_tokenized_text_reads_as_sentences_without_trees(tmp_path):
+    raw = tmp_path / "raw.txt"
+    raw.write_text("I do n't know .\n\n  Yes  \n# not a comment\n", encoding="utf-8")
+    sentences = read_tokenized(raw)
+    assert [s.words for s in sentences] == [("I", "do", "n't", "know", "."), ("Yes",), ("#", "not", "a", "comment")]
+    assert [s.sent_id for s in sentences] == ["1", "3", "4"] and sentences[0].heads == (0,) * 5
+    assert not looks_like_conllu(raw) and read_sentences(raw) == sentences
+    out = tmp_path / "out.conllu"
+    write_conllu(out, sentences, [[4, 4, 4, 0, 4], [0], [0, 1, 1, 1]], [["a"] * 5, ["root"], ["b"] * 4])
+    assert looks_like_conllu(out)
+    parsed = read_sentences(out)
+    assert [s.words for s in parsed] == [s.words for s in sentences] and parsed[0].heads == (4, 4, 4, 0, 4)
+    assert parsed[0].tokens.metadata["text"] == "I do n't know ."
 
 
 def test_tree_shapes():

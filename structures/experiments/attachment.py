@@ -1,6 +1,11 @@
 """Attachment scores of predicted trees against gold trees, and what kind of tree a head list is.
 
 Trees are head lists: ``heads[i]`` is the head of word ``i+1``, 0 the root.
+
+UAS and LAS are those of the CoNLL 2018 shared task's evaluation script (``conll18_ud_eval.py``)
+on gold tokenization: over the syntactic words only (multiword tokens and empty nodes are not
+words, see :mod:`structures.experiments.ud`), punctuation included, and LAS compares only the
+universal part of a label (``nmod:poss`` counts as ``nmod``).
 """
 
 from __future__ import annotations
@@ -11,9 +16,17 @@ from typing import Sequence
 PUNCT = "PUNCT"
 
 
+def universal(label: str) -> str:
+    """The universal dependency relation of a label: the part before any ``:`` subtype."""
+    return label.split(":", 1)[0]
+
+
 @dataclass
 class Attachment:
-    """Counts of correctly attached words, all words and words other than punctuation (UPOS PUNCT)."""
+    """Counts of correctly attached words, all words and words other than punctuation (UPOS PUNCT).
+
+    ``uas``, ``las``: the CoNLL 2018 scores (see the module docstring); the ``_no_punct`` variants
+    leave out words whose gold UPOS is PUNCT."""
 
     words: int = 0
     heads: int = 0
@@ -46,13 +59,14 @@ class Attachment:
 
     def add(self, gold_heads: Sequence[int], heads: Sequence[int], upos: Sequence[str],
             gold_labels: Sequence[str] | None = None, labels: Sequence[str] | None = None) -> None:
-        """Count one sentence (all sequences have one entry per word)."""
+        """Count one sentence (all sequences have one entry per syntactic word); a label is right
+        when its universal part is."""
         if not len(gold_heads) == len(heads) == len(upos):
             raise ValueError(f"gold_heads, heads, upos: expected one entry per word, got {len(gold_heads)}, {len(heads)}, {len(upos)}")
         gold_arcs = {frozenset((h, m)) for m, h in enumerate(gold_heads, 1)}
         for i, (g, h, pos) in enumerate(zip(gold_heads, heads, upos)):
             right = int(g == h)
-            labelled = right * int(labels is not None and gold_labels is not None and labels[i] == gold_labels[i])
+            labelled = right * int(labels is not None and gold_labels is not None and universal(labels[i]) == universal(gold_labels[i]))
             self.words += 1
             self.heads += right
             self.labelled += labelled

@@ -1,9 +1,12 @@
 """Supervised graph-based dependency parsing on Universal Dependencies with the tree CRFs.
 
-A biaffine parser (Dozat & Manning 2017): word embeddings + a character CNN per word, a BiLSTM,
-MLP-reduced head and dependent vectors, biaffine arc scores ``scores[b, h, m]`` (the structures'
-convention: index 0 is the root, ``[h, m]`` the arc head ``h`` -> modifier ``m``) and a bilinear
-label classifier. Three training objectives over the same scores:
+``python -m structures.experiments.parse train|evaluate|predict``: train a biaffine parser
+(:mod:`structures.experiments.biaffine`) and evaluate it on a treebank's test file, evaluate a
+saved checkpoint on any CoNLL-U file, or parse CoNLL-U or raw tokenized text (one sentence per
+line, tokens separated by spaces) into CoNLL-U. Without a subcommand it trains (so ``parse
+--treebank ... --loss ...`` works as it always has).
+
+Three training objectives over the same arc scores:
 
 * ``projective``: ``-log p(gold tree)`` under :class:`structures.ProjectiveDependencyCRF`
   (single root). Its support is the projective trees, so sentences whose gold tree is not
@@ -14,214 +17,42 @@ label classifier. Three training objectives over the same scores:
 Decoders: ``eisner`` (``ProjectiveDependencyCRF(...).decode()``), ``mst``
 (``NonProjectiveDependencyCRF(...).decode()``: the maximum spanning arborescence) and, for the
 local model, ``argmax`` (every word its best head; not necessarily a tree). Only dev and test
-files exist for the treebanks here: the parser trains on the dev file and is evaluated on the
-test file (and, with ``--pud``, also on a 1000-sentence PUD file of another domain). Evaluation
-times the shared scoring, each decoder's decode and labelling, and the one-off first use of each
-padded length apart (see :func:`evaluate`).
+files exist for the treebanks here: the parser trains on the dev file, minus a deterministic
+``--dev-fraction`` of its sentences held out to pick the best epoch (early stopping on held-out
+LAS, then UAS), and is evaluated on the test file (and, with ``--pud``, also on a 1000-sentence
+PUD file of another domain). UAS and LAS are the CoNLL 2018 shared task's
+(:mod:`structures.experiments.attachment`). Evaluation times the shared scoring, each decoder's
+decode and labelling, and the one-off first use of each padded length apart (see
+:func:`evaluate`).
 
-    python -m structures.experiments.parse --treebank lassysmall --loss nonprojective --epochs 20
+    python -m structures.experiments.parse train --treebank lassysmall --loss nonprojective --epochs 20
+    python -m structures.experiments.parse evaluate results/parse/lassysmall_nonprojective.pt test.conllu
+    python -m structures.experiments.parse predict results/parse/lassysmall_nonprojective.pt input.txt --output parsed.conllu
 """
 
 from __future__ import annotations
 
+import argparse
+import copy
 import csv
 import random
+import sys
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from tqdm import tqdm
 
-from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
-
-from .attachment import Attachment, TreeShapes, is_projective
 from . import command_line, default_data_dir
-from .ud import PUD, TREEBANKS, Sentence, read_conllu, write_conllu
+from .attachment import Attachment, TreeShapes, is_projective
+from .biaffine import (DECODERS, LOSSES, BiaffineParser, Vocab, arc_loss, arc_marginals, batches, decode,
+                       Checkpoint, length_groups, load_checkpoint, make_batch, save_checkpoint)
+from .ud import PUD, TREEBANKS, Sentence, read_conllu, read_sentences, write_conllu
 
-LOSSES = ("projective", "nonprojective", "local")
-DECODERS = {"projective": ("eisner", "mst"), "nonprojective": ("mst", "eisner"), "local": ("argmax", "mst", "eisner")}
-PAD, UNK, ROOT = 0, 1, 2
-MAX_WORD_CHARS = 20
-
-
-@dataclass
-class Vocab:
-    """Indices of (lower-cased) words, characters and dependency labels seen in training."""
-
-    words: dict[str, int]
-    chars: dict[str, int]
-    labels: list[str]
-
-    @classmethod
-    def build(cls, sentences: Sequence[Sentence], min_count: int = 2) -> "Vocab":
-        counts = Counter(w.lower() for s in sentences for w in s.words)
-        chars = Counter(c for s in sentences for w in s.words for c in w)
-        specials = {"<pad>": PAD, "<unk>": UNK, "<root>": ROOT}
-        words = {**specials, **{w: i + 3 for i, w in enumerate(sorted(w for w, c in counts.items() if c >= min_count))}}
-        return cls(words, {**specials, **{c: i + 3 for i, c in enumerate(sorted(chars))}},
-                   sorted({r for s in sentences for r in s.deprels}))
-
-    def label_index(self, label: str) -> int:
-        return self.labels.index(label) if label in self.labels else 0
-
-
-@dataclass
-class Batch:
-    """Sentences padded to ``N`` words (a bucket length); position 0 is the root everywhere.
-
-    ``words [B, N+1]``, ``chars [B, N+1, MAX_WORD_CHARS]``, ``lengths [B]`` (words, root not
-    counted), ``heads [B, N]`` and ``labels [B, N]`` (gold; 0 past each length), ``index``: the
-    sentences' positions in the list they came from.
-    """
-
-    words: Tensor
-    chars: Tensor
-    lengths: Tensor
-    heads: Tensor
-    labels: Tensor
-    index: list[int]
-
-
-def make_batch(sentences: Sequence[Sentence], index: Sequence[int], vocab: Vocab, bucket: int = 8) -> Batch:
-    """Pad the sentences at ``index`` to the next multiple of ``bucket`` words (compiled CRF
-    programs are cached per length, so few distinct lengths means few compilations)."""
-    chosen = [sentences[i] for i in index]
-    n = max(s.n for s in chosen)
-    N = -(-n // bucket) * bucket
-    B = len(chosen)
-    words = torch.full((B, N + 1), PAD, dtype=torch.long)
-    chars = torch.full((B, N + 1, MAX_WORD_CHARS), PAD, dtype=torch.long)
-    heads = torch.zeros(B, N, dtype=torch.long)
-    labels = torch.zeros(B, N, dtype=torch.long)
-    words[:, 0] = ROOT
-    chars[:, 0, 0] = ROOT
-    for b, s in enumerate(chosen):
-        words[b, 1:s.n + 1] = torch.tensor([vocab.words.get(w.lower(), UNK) for w in s.words])
-        for i, w in enumerate(s.words, 1):
-            ids = [vocab.chars.get(c, UNK) for c in w[:MAX_WORD_CHARS]]
-            chars[b, i, :len(ids)] = torch.tensor(ids)
-        heads[b, :s.n] = torch.tensor(s.heads)
-        labels[b, :s.n] = torch.tensor([vocab.label_index(r) for r in s.deprels])
-    return Batch(words, chars, torch.tensor([s.n for s in chosen]), heads, labels, list(index))
-
-
-def length_groups(sentences: Sequence[Sentence], tokens_per_batch: int, shuffle: random.Random | None = None) -> list[list[int]]:
-    """Indices of sentences grouped by similar length (sorted by length, about ``tokens_per_batch``
-    padded words per group); the groups in a random order if ``shuffle`` (a seeded ``random.Random``)."""
-    order = sorted(range(len(sentences)), key=lambda i: sentences[i].n)
-    groups, current = [], []
-    for i in order:
-        if current and (len(current) + 1) * sentences[i].n > tokens_per_batch:
-            groups.append(current)
-            current = []
-        current.append(i)
-    groups += [current] if current else []
-    if shuffle is not None:
-        shuffle.shuffle(groups)
-    return groups
-
-
-def batches(sentences: Sequence[Sentence], vocab: Vocab, tokens_per_batch: int = 1000,
-            shuffle: random.Random | None = None) -> Iterator[Batch]:
-    """The :func:`length_groups` of ``sentences`` as batches."""
-    for g in length_groups(sentences, tokens_per_batch, shuffle):
-        yield make_batch(sentences, g, vocab)
-
-
-class CharCNN(nn.Module):
-    """A word's characters -> one vector: embeddings, a width-3 convolution, max over positions."""
-
-    def __init__(self, n_chars: int, dim: int = 32, out: int = 100):
-        super().__init__()
-        self.embed = nn.Embedding(n_chars, dim, padding_idx=PAD)
-        self.conv = nn.Conv1d(dim, out, 3, padding=1)
-
-    def forward(self, chars: Tensor) -> Tensor:
-        """``chars [B, T, C]`` -> ``[B, T, out]``."""
-        B, T, C = chars.shape
-        x = self.conv(self.embed(chars.view(B * T, C)).transpose(1, 2))
-        x = x.masked_fill((chars.view(B * T, 1, C) == PAD), float("-inf")).amax(-1)
-        return torch.nan_to_num(x, neginf=0.0).view(B, T, -1)
-
-
-class BiaffineParser(nn.Module):
-    """Arc scores ``[B, N+1, N+1]`` (``[b, h, m]``) and label scores of a batch of sentences."""
-
-    def __init__(self, vocab: Vocab, word_dim: int = 100, char_dim: int = 100, hidden: int = 200, layers: int = 2,
-                 arc_dim: int = 200, label_dim: int = 100, dropout: float = 0.33):
-        super().__init__()
-        self.word = nn.Embedding(len(vocab.words), word_dim, padding_idx=PAD)
-        self.char = CharCNN(len(vocab.chars), out=char_dim)
-        self.lstm = nn.LSTM(word_dim + char_dim, hidden, layers, batch_first=True, bidirectional=True, dropout=dropout)
-        self.dropout = nn.Dropout(dropout)
-        self.arc_head, self.arc_dep = (nn.Sequential(nn.Linear(2 * hidden, arc_dim), nn.LeakyReLU(0.1), nn.Dropout(dropout)) for _ in range(2))
-        self.label_head, self.label_dep = (nn.Sequential(nn.Linear(2 * hidden, label_dim), nn.LeakyReLU(0.1), nn.Dropout(dropout)) for _ in range(2))
-        self.biaffine = nn.Parameter(torch.zeros(arc_dim, arc_dim))
-        self.head_bias = nn.Parameter(torch.zeros(arc_dim))
-        self.label = nn.Bilinear(label_dim, label_dim, len(vocab.labels))
-        self.word_dropout = dropout
-
-    def encode(self, batch: Batch) -> Tensor:
-        """BiLSTM states ``[B, N+1, 2*hidden]`` (position 0 the root)."""
-        words = batch.words
-        if self.training:  # word dropout: the embedding learns an <unk> that stands for rare words
-            words = words.masked_fill((torch.rand(words.shape) < self.word_dropout) & (words > ROOT), UNK)
-        x = self.dropout(torch.cat([self.word(words), self.char(batch.chars)], -1))
-        packed = nn.utils.rnn.pack_padded_sequence(x, batch.lengths + 1, batch_first=True, enforce_sorted=False)
-        h, _ = self.lstm(packed)
-        h, _ = nn.utils.rnn.pad_packed_sequence(h, batch_first=True, total_length=x.shape[1])
-        return self.dropout(h)
-
-    def arc_scores(self, h: Tensor) -> Tensor:
-        """``scores[b, h, m]`` ``[B, N+1, N+1]`` = dep_m^T U head_h + u^T head_h."""
-        head, dep = self.arc_head(h), self.arc_dep(h)
-        return torch.einsum("bmi,ij,bhj->bhm", dep, self.biaffine, head) + (head @ self.head_bias).unsqueeze(-1)
-
-    def label_scores(self, h: Tensor, heads: Tensor) -> Tensor:
-        """Label scores ``[B, N, L]`` of every word ``1..N`` given its head ``heads [B, N]``."""
-        head, dep = self.label_head(h), self.label_dep(h)
-        head_of = head.gather(1, heads.unsqueeze(-1).expand(-1, -1, head.shape[-1]))
-        return self.label(dep[:, 1:].contiguous(), head_of.contiguous())
-
-
-def local_log_probs(scores: Tensor, lengths: Tensor) -> Tensor:
-    """``log p(head h | word m)`` ``[B, N+1, N+1]`` of the local model: a softmax over the
-    heads ``0..n`` (not ``m`` itself) of every word."""
-    N1 = scores.shape[-1]
-    pos = torch.arange(N1)
-    allowed = (pos.view(1, N1, 1) <= lengths.view(-1, 1, 1)) & (pos.view(N1, 1) != pos.view(1, N1))
-    return scores.masked_fill(~allowed, float("-inf")).log_softmax(-2)
-
-
-def arc_loss(kind: str, scores: Tensor, lengths: Tensor, heads: Tensor) -> Tensor:
-    """Mean over the batch of ``-log p(gold heads)`` (summed over the words of a sentence)."""
-    # gold trees are trees (the projective loss trains on the projective ones): their log-probability
-    # is score - log Z, without log_prob's check that a value is a structure (a Max run per batch)
-    if kind in ("projective", "nonprojective"):
-        crf = ProjectiveDependencyCRF if kind == "projective" else NonProjectiveDependencyCRF
-        d = crf(scores, lengths, single_root=True)
-        return -(d.score(heads) - d.log_partition).mean()
-    if kind == "local":
-        logp = local_log_probs(scores, lengths)[:, :, 1:].gather(1, heads.unsqueeze(1)).squeeze(1)
-        inside = torch.arange(heads.shape[1]) < lengths.unsqueeze(-1)
-        return -(logp * inside).sum(-1).mean()
-    raise ValueError(f"kind: expected one of {LOSSES}, got {kind!r}")
-
-
-def decode(decoder: str, scores: Tensor, lengths: Tensor) -> Tensor:
-    """Heads ``[B, N]`` of scores ``[B, N+1, N+1]`` by ``eisner``, ``mst`` or ``argmax``."""
-    if decoder == "eisner":
-        return ProjectiveDependencyCRF(scores, lengths, single_root=True).decode()
-    if decoder == "mst":
-        return NonProjectiveDependencyCRF(scores, lengths, single_root=True).decode()
-    if decoder == "argmax":
-        heads = local_log_probs(scores, lengths)[:, :, 1:].argmax(1)
-        return heads * (torch.arange(heads.shape[1]) < lengths.unsqueeze(-1))
-    raise ValueError(f"decoder: expected eisner, mst or argmax, got {decoder!r}")
+DEV_SPLIT_SEED = 0  # the held-out dev sentences do not change with --seed, so seeds compare on the same split
 
 
 def train_epoch(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Vocab, kind: str,
@@ -258,7 +89,6 @@ class Evaluation:
     labels: list[list[str]] = field(default_factory=list)
 
 
-@torch.no_grad()
 @torch.no_grad()
 def evaluate(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Vocab, decoders: Sequence[str],
              tokens_per_batch: int = 5000) -> tuple[dict[str, Evaluation], float]:
@@ -303,16 +133,6 @@ def evaluate(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Vocab,
     return results, scoring
 
 
-def arc_marginals(kind: str, scores: Tensor, lengths: Tensor) -> Tensor:
-    """``[B, N+1, N+1]`` arc marginals of the model a loss trains (for the local model: its
-    per-word head distributions)."""
-    if kind == "projective":
-        return ProjectiveDependencyCRF(scores, lengths, single_root=True).marginals
-    if kind == "nonprojective":
-        return NonProjectiveDependencyCRF(scores, lengths, single_root=True).marginals
-    return local_log_probs(scores, lengths).exp()
-
-
 @torch.no_grad()
 def draw_example(model: BiaffineParser, s: Sentence, vocab: Vocab, kind: str, out: Path, name: str) -> list[Path]:
     """Arc diagrams (gold and every decoder's tree) and the arc-marginal heatmap of one sentence."""
@@ -336,10 +156,14 @@ def example_sentence(sentences: Sequence[Sentence], shortest: int = 8, longest: 
     return next((s for s in fitting if not is_projective(s.heads)), fitting[0])
 
 
-def load_treebank(data_dir: Path, treebank: str, max_sentences: int | None = None) -> tuple[list[Sentence], list[Sentence]]:
-    """(training sentences, evaluation sentences) of a treebank (see ``TREEBANKS``)."""
-    train_file, eval_file = TREEBANKS[treebank]
-    return (read_conllu(data_dir / "ud" / train_file, max_sentences), read_conllu(data_dir / "ud" / eval_file, max_sentences))
+def split_dev(sentences: Sequence[Sentence], fraction: float) -> tuple[list[Sentence], list[Sentence]]:
+    """(training, dev) sentences: ``fraction`` of them (at least one when ``fraction > 0``), chosen
+    by a fixed-seed draw, held out as dev; both keep the file's order."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"fraction: expected 0 <= fraction < 1, got {fraction}")
+    k = max(1, round(fraction * len(sentences))) if fraction > 0 else 0
+    held = set(random.Random(DEV_SPLIT_SEED).sample(range(len(sentences)), min(k, len(sentences))))
+    return ([s for i, s in enumerate(sentences) if i not in held], [s for i, s in enumerate(sentences) if i in held])
 
 
 def training_set(sentences: Sequence[Sentence], kind: str, max_length: int) -> list[Sentence]:
@@ -354,54 +178,204 @@ def build(train: Sequence[Sentence], seed: int) -> tuple[Vocab, BiaffineParser]:
     return vocab, BiaffineParser(vocab)
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
+@dataclass
+class EarlyStopping:
+    """The best epoch so far by a score (higher is better; ties keep the earlier epoch) and whether
+    ``patience`` epochs have passed without improving on it."""
+
+    patience: int
+    best_epoch: int = 0
+    best_score: tuple[float, ...] | None = None
+    since_best: int = 0
+
+    def update(self, epoch: int, score: tuple[float, ...]) -> bool:
+        """Record an epoch's score; True if it is the new best."""
+        if self.best_score is None or score > self.best_score:
+            self.best_epoch, self.best_score, self.since_best = epoch, score, 0
+            return True
+        self.since_best += 1
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return self.since_best >= self.patience
+
+
+def fit(model: BiaffineParser, vocab: Vocab, train: Sequence[Sentence], dev: Sequence[Sentence], kind: str,
+        epochs: int, patience: int, lr: float, seed: int, on_best: Callable[[int, dict], None],
+        desc: str = "train") -> tuple[list[dict], int]:
+    """Train for at most ``epochs``; after each epoch score ``dev`` (decoded by the loss's first
+    decoder) and, when its (LAS, UAS) is the best so far, call ``on_best(epoch, row)``. Stops
+    after ``patience`` epochs without improvement and leaves the model with the best epoch's
+    weights. Without dev sentences every epoch counts as the best (the last one is kept).
+
+    Returns the per-epoch rows (``epoch``, ``loss_per_word``, ``dev_uas``, ``dev_las``,
+    ``seconds``) and the best epoch (1-based)."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.9))
+    rng = random.Random(seed)
+    stopping = EarlyStopping(patience)
+    best_state, curve, start = None, [], time.perf_counter()
+    for epoch in (bar := tqdm(range(1, epochs + 1), desc=desc)):
+        loss = train_epoch(model, train, vocab, kind, optimizer, rng)
+        row = {"epoch": epoch, "loss_per_word": loss, "dev_uas": None, "dev_las": None}
+        if dev:
+            a = evaluate(model, dev, vocab, DECODERS[kind][:1])[0][DECODERS[kind][0]].attachment
+            row.update(dev_uas=a.uas, dev_las=a.las)
+        row["seconds"] = time.perf_counter() - start
+        curve.append(row)
+        bar.set_postfix(loss=f"{loss:.3f}", **({"dev_las": f"{row['dev_las']:.3f}"} if dev else {}))
+        if stopping.update(epoch, (row["dev_las"], row["dev_uas"]) if dev else (epoch,)):
+            best_state = copy.deepcopy(model.state_dict())
+            on_best(epoch, row)
+        if stopping.stop:
+            break
+    model.load_state_dict(best_state)
+    return curve, stopping.best_epoch
+
+
+def plain(args: argparse.Namespace) -> dict[str, Any]:
+    """The options as plain values (paths as strings), which ``torch.load``'s default accepts."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    cols = list(rows[0])
+    fmt = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) <= 1 else (f"{v:.1f}" if isinstance(v, float) else str(v))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, rows: Sequence[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def existing(p: argparse.ArgumentParser, option: str, path: Path) -> Path:
+    """``path`` if it is a file; else exit with a usage error naming the option."""
+    if not path.is_file():
+        p.error(f"{option} {path}: no such file")
+    return path
+
+
+def arguments() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command's parser and its subcommands' parsers by name."""
     p = command_line("parse", __doc__)
-    p.add_argument("--treebank", choices=sorted(TREEBANKS), default="lassysmall")
-    p.add_argument("--loss", choices=LOSSES, default="nonprojective")
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--quick", action="store_true", help="a small slice and one epoch (seconds)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-sentences", type=int, default=None, help="read at most this many sentences of each file")
-    p.add_argument("--max-train-length", type=int, default=100, help="train on sentences of at most this many words (evaluation uses all)")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--data-dir", type=Path, default=default_data_dir(),
+    p.description += " Without a subcommand: train (its options: `train --help`)."
+    sub = p.add_subparsers(dest="command", metavar="{train,evaluate,predict}")
+    kw = {"formatter_class": p.formatter_class}
+
+    t = sub.add_parser("train", help="train on a treebank, keep the best dev epoch, evaluate on its test file",
+                       description="Train a parser (early stopping on held-out dev sentences), save its checkpoint, "
+                                   "evaluate it on the test file; tables, CoNLL-U outputs and pictures under --out.", **kw)
+    t.add_argument("--treebank", choices=sorted(TREEBANKS), default="lassysmall", help="its dev file trains, its test file evaluates")
+    t.add_argument("--train-file", type=Path, default=None, help="a CoNLL-U file to train on instead of the treebank's dev file")
+    t.add_argument("--test-file", type=Path, default=None, help="a CoNLL-U file to evaluate on instead of the treebank's test file")
+    t.add_argument("--loss", choices=LOSSES, default="nonprojective", help="the arc loss (see the module docstring)")
+    t.add_argument("--epochs", type=int, default=20, help="at most this many epochs")
+    t.add_argument("--dev-fraction", type=float, default=0.1,
+                   help="hold out this share of the training file (a fixed draw) to pick the best epoch; 0: no dev split, keep the last epoch")
+    t.add_argument("--patience", type=int, default=5, help="stop after this many epochs without a better dev LAS (then UAS)")
+    t.add_argument("--quick", action="store_true", help="a small slice and one epoch (seconds)")
+    t.add_argument("--seed", type=int, default=0, help="initialisation, word dropout and batch order")
+    t.add_argument("--max-sentences", type=int, default=None, help="read at most this many sentences of each file")
+    t.add_argument("--max-train-length", type=int, default=100, help="train on sentences of at most this many words (evaluation uses all)")
+    t.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate")
+    t.add_argument("--data-dir", type=Path, default=default_data_dir(),
                    help="the shared data sets (default: $STRUCTURES_DATA_DIR, else ../shared/data beside the checkout)")
-    p.add_argument("--out", type=Path, default=Path("results/parse"))
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--pud", choices=sorted(PUD), default=None,
+    t.add_argument("--out", type=Path, default=Path("results/parse"), help="where the checkpoint, tables, CoNLL-U outputs and pictures go")
+    t.add_argument("--pud", choices=sorted(PUD), default=None,
                    help="also evaluate on this language's PUD file (1000 sentences, another domain)")
+
+    e = sub.add_parser("evaluate", help="UAS/LAS (CoNLL 2018) of a checkpoint on a CoNLL-U file with gold trees",
+                       description="Parse a CoNLL-U file with a saved parser and score it against the file's trees "
+                                   "(UAS/LAS as the CoNLL 2018 shared task: syntactic words, universal labels, punctuation included).", **kw)
+    e.add_argument("checkpoint", type=Path, help="a .pt file written by train")
+    e.add_argument("file", type=Path, help="CoNLL-U with gold trees")
+    e.add_argument("--decoder", choices=("eisner", "mst", "argmax"), action="append", default=None,
+                   help="decode with this (repeatable; default: every decoder of the checkpoint's loss)")
+    e.add_argument("--max-sentences", type=int, default=None, help="read at most this many sentences")
+
+    r = sub.add_parser("predict", help="parse CoNLL-U or raw tokenized text into CoNLL-U",
+                       description="Parse sentences with a saved parser and write them as CoNLL-U with the predicted heads "
+                                   "and labels (the other columns of CoNLL-U input unchanged).", **kw)
+    r.add_argument("checkpoint", type=Path, help="a .pt file written by train")
+    r.add_argument("input", type=Path, help="CoNLL-U, or raw text: one sentence per line, tokens separated by spaces")
+    r.add_argument("--format", choices=("auto", "conllu", "text"), default="auto",
+                   help="the input's format; auto: CoNLL-U if its first non-comment line has 10 tab-separated fields")
+    r.add_argument("--output", default="-", help="the CoNLL-U file to write; -: standard output")
+    r.add_argument("--decoder", choices=("eisner", "mst", "argmax"), default=None,
+                   help="default: the first decoder of the checkpoint's loss (eisner for projective, mst otherwise)")
+    for s in (t, e, r):
+        s.add_argument("--threads", type=int, default=1, help="torch threads")
+    return p, {"train": t, "evaluate": e, "predict": r}
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict] | None:
+    """Run a subcommand (``train`` if none is named); the rows of the table it printed (train,
+    evaluate) or None (predict)."""
+    p, subcommands = arguments()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in (*subcommands, "-h", "--help"):
+        argv.insert(0, "train")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    run = {"train": train_command, "evaluate": evaluate_command, "predict": predict_command}[args.command]
+    return run(subcommands[args.command], args)
+
+
+def loaded(p: argparse.ArgumentParser, path: Path) -> Checkpoint:
+    """The checkpoint at ``path``; else exit with a usage error saying what is wrong with it."""
+    try:
+        return load_checkpoint(path)
+    except ValueError as e:
+        p.error(str(e))
+
+
+def train_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict]:
+    """Train, save the best dev epoch's checkpoint, evaluate on the test (and PUD) file, write the
+    tables, CoNLL-U outputs and pictures under ``args.out``."""
     if args.quick:
         args.max_sentences = args.max_sentences or 60
         args.epochs = 1
-    torch.set_num_threads(args.threads)
+    if args.epochs < 1 or args.patience < 1 or not 0.0 <= args.dev_fraction < 1.0:
+        p.error(f"expected --epochs >= 1, --patience >= 1 and 0 <= --dev-fraction < 1, got {args.epochs}, {args.patience}, {args.dev_fraction}")
+    ud = args.data_dir / "ud"
+    from_treebank = f"--treebank {args.treebank} (under --data-dir):"
+    train_file = existing(p, "--train-file" if args.train_file else from_treebank, args.train_file or ud / TREEBANKS[args.treebank][0])
+    test_file = existing(p, "--test-file" if args.test_file else from_treebank, args.test_file or ud / TREEBANKS[args.treebank][1])
+    pud_file = existing(p, f"--pud {args.pud} (under --data-dir):", ud / PUD[args.pud]) if args.pud else None
+    treebank = args.treebank if args.train_file is None else train_file.stem
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {args.out}: {e}")
     random.seed(args.seed)
     wall = time.perf_counter()
 
-    train_all, test = load_treebank(args.data_dir, args.treebank, args.max_sentences)
-    train = training_set(train_all, args.loss, args.max_train_length)
+    train_all = read_conllu(train_file, args.max_sentences)
+    test = read_conllu(test_file, args.max_sentences)
+    kept, dev = split_dev(train_all, args.dev_fraction)
+    train = training_set(kept, args.loss, args.max_train_length)
+    if not train:
+        p.error(f"no training sentences left in {train_file} after the dev split and the length/projectivity filter")
     vocab, model = build(train, args.seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(0.9, 0.9))
-    rng = random.Random(args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = f"{args.treebank}_{args.loss}"
-    start = time.perf_counter()
-    curve = []
-    for epoch in (bar := tqdm(range(args.epochs), desc=f"{args.treebank} {args.loss}")):
-        loss = train_epoch(model, train, vocab, args.loss, optimizer, rng)
-        curve.append({"epoch": epoch + 1, "loss_per_word": loss, "seconds": time.perf_counter() - start})
-        bar.set_postfix(loss=f"{loss:.3f}")
-    train_seconds = time.perf_counter() - start
-    with open(args.out / f"{name}_epochs.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(curve[0]))
-        w.writeheader()
-        w.writerows(curve)
-    # plain containers only: a pickled Vocab would name __main__.Vocab and load nowhere else; Vocab(**ck["vocab"]) restores it
-    torch.save({"state": model.state_dict(), "vocab": asdict(vocab), "args": vars(args)}, args.out / f"{name}.pt")
+    name = f"{treebank}_{args.loss}"
+    checkpoint = args.out / f"{name}.pt"
 
-    evaluated = [(args.treebank, test)]
-    if args.pud:
-        evaluated.append((f"pud-{args.pud}", read_conllu(args.data_dir / "ud" / PUD[args.pud], args.max_sentences)))
+    def on_best(epoch: int, row: dict) -> None:
+        save_checkpoint(checkpoint, model, vocab, args.loss,
+                        {"args": plain(args), "treebank": treebank, "epoch": epoch, "dev_uas": row["dev_uas"], "dev_las": row["dev_las"]})
+
+    start = time.perf_counter()
+    curve, best_epoch = fit(model, vocab, train, dev, args.loss, args.epochs, args.patience, args.lr, args.seed, on_best,
+                            desc=f"{treebank} {args.loss}")
+    train_seconds = time.perf_counter() - start
+    write_csv(args.out / f"{name}_epochs.csv", curve)
+
+    evaluated = [(treebank, test)] + ([(f"pud-{args.pud}", read_conllu(pud_file, args.max_sentences))] if pud_file else [])
     rows = []
     for eval_name, sentences in evaluated:
         start = time.perf_counter()
@@ -410,9 +384,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         for d, r in evaluations.items():
             a, shapes = r.attachment, r.shapes.fractions()
             rows.append({
-                "treebank": args.treebank, "loss": args.loss, "eval_file": eval_name, "decoder": d, "epochs": args.epochs,
+                "treebank": treebank, "loss": args.loss, "eval_file": eval_name, "decoder": d, "epochs": args.epochs,
+                "best_epoch": best_epoch, "epochs_trained": len(curve),
                 "seed": args.seed, "train_sentences": len(train), "train_sentences_read": len(train_all),
-                "eval_sentences": len(sentences),
+                "dev_sentences": len(dev), "eval_sentences": len(sentences),
                 "uas": a.uas, "las": a.las, "uas_no_punct": a.uas_no_punct, "las_no_punct": a.las_no_punct,
                 "valid": shapes["valid"], "single_root": shapes["single_root"], "projective": shapes["projective"],
                 "non_projective": shapes["non_projective"],
@@ -423,27 +398,46 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 / (scoring + r.label_seconds + r.decode_seconds + r.first_use_seconds),
                 "train_s": train_seconds, "eval_s": eval_seconds,
             })
-            suffix = "" if eval_name == args.treebank else f"_{eval_name}"
+            suffix = "" if eval_name == treebank else f"_{eval_name}"
             write_conllu(args.out / f"{name}{suffix}_{d}.conllu", sentences, r.heads, r.labels)
     wall = time.perf_counter() - wall
     for r in rows:
         r["wall_s"] = wall
-    with open(args.out / f"{name}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(args.out / f"{name}.csv", rows)
     (args.out / f"{name}.md").write_text(markdown_table(rows))
     draw_example(model, example_sentence(test), vocab, args.loss, args.out, name)
     print(markdown_table(rows))
     return rows
 
 
-def markdown_table(rows: Sequence[dict]) -> str:
-    cols = list(rows[0])
-    fmt = lambda v: f"{v:.4f}" if isinstance(v, float) and abs(v) <= 1 else (f"{v:.1f}" if isinstance(v, float) else str(v))
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+def evaluate_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict]:
+    """Score a checkpoint on a CoNLL-U file with each decoder; print and return the table."""
+    ck = loaded(p, args.checkpoint)
+    sentences = read_conllu(existing(p, "file", args.file), args.max_sentences)
+    evaluations, _ = evaluate(ck.model, sentences, ck.vocab, args.decoder or DECODERS[ck.loss])
+    rows = []
+    for d, r in evaluations.items():
+        a, shapes = r.attachment, r.shapes.fractions()
+        rows.append({"file": str(args.file), "loss": ck.loss, "decoder": d, "sentences": len(sentences), "words": a.words,
+                     "uas": a.uas, "las": a.las, "uas_no_punct": a.uas_no_punct, "las_no_punct": a.las_no_punct,
+                     "valid": shapes["valid"], "projective": shapes["projective"]})
+    print(markdown_table(rows))
+    return rows
+
+
+def predict_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Parse the input and write CoNLL-U with the predicted heads and labels."""
+    ck = loaded(p, args.checkpoint)
+    sentences = read_sentences(existing(p, "input", args.input), args.format)
+    if not sentences:
+        p.error(f"input {args.input}: no sentences")
+    decoder = args.decoder or DECODERS[ck.loss][0]
+    # evaluate also scores against the input's trees (none for raw text); only the parses are used
+    parsed = evaluate(ck.model, sentences, ck.vocab, [decoder])[0][decoder]
+    if args.output == "-":
+        write_conllu(sys.stdout, sentences, parsed.heads, parsed.labels)
+    else:
+        write_conllu(args.output, sentences, parsed.heads, parsed.labels)
 
 
 if __name__ == "__main__":

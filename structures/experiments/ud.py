@@ -1,4 +1,5 @@
-"""Universal Dependencies CoNLL-U files: reading sentences, writing them back with predicted trees.
+"""Universal Dependencies CoNLL-U files: reading sentences, writing them back with predicted trees;
+reading raw tokenized text as sentences without trees.
 
 Only the *syntactic words* (integer ids ``1..n``) form the tree. Multiword tokens (ids like
 ``3-4``) and empty nodes (ids like ``5.1``) are kept in each sentence's token list, out of the
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, TextIO
 
 import conllu
 from conllu.models import Token, TokenList
@@ -77,6 +78,46 @@ def read_conllu(path: str | Path, max_sentences: int | None = None) -> list[Sent
     return sentences
 
 
+def read_tokenized(path: str | Path, max_sentences: int | None = None) -> list[Sentence]:
+    """The sentences of raw tokenized text: one sentence per line, tokens separated by whitespace
+    (blank lines skipped). Each token is a syntactic word with no annotation (``_``; head 0);
+    ``sent_id`` is the line number and ``text`` the tokens joined by single spaces."""
+    sentences = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if max_sentences is not None and len(sentences) >= max_sentences:
+                break
+            words = line.split()
+            if not words:
+                continue
+            tokens = [Token(id=i, form=w, lemma="_", upos="_", xpos=None, feats=None, head=None, deprel="_",
+                            deps=None, misc=None) for i, w in enumerate(words, 1)]
+            sentences.append(sentence(TokenList(tokens, metadata={"sent_id": str(number), "text": " ".join(words)})))
+    return sentences
+
+
+def looks_like_conllu(path: str | Path) -> bool:
+    """True if the first line that is neither blank nor a ``#`` comment has CoNLL-U's 10
+    tab-separated fields (raw tokenized text is then read as CoNLL-U, so check ``--format``)."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                return len(line.rstrip("\n").split("\t")) == 10
+    return False
+
+
+def read_sentences(path: str | Path, format: str = "auto", max_sentences: int | None = None) -> list[Sentence]:
+    """Sentences of a file in ``format``: ``conllu``, ``text`` (:func:`read_tokenized`) or ``auto``
+    (:func:`looks_like_conllu` decides)."""
+    if format == "auto":
+        format = "conllu" if looks_like_conllu(path) else "text"
+    if format == "conllu":
+        return read_conllu(path, max_sentences)
+    if format == "text":
+        return read_tokenized(path, max_sentences)
+    raise ValueError(f"format: expected auto, conllu or text, got {format!r}")
+
+
 def with_tree(s: Sentence, heads: Sequence[int], deprels: Sequence[str] | None = None) -> TokenList:
     """A copy of the sentence's token list whose words carry ``heads`` (and ``deprels`` if given).
 
@@ -97,10 +138,14 @@ def with_tree(s: Sentence, heads: Sequence[int], deprels: Sequence[str] | None =
     return TokenList(out, metadata=dict(s.tokens.metadata))
 
 
-def write_conllu(path: str | Path, sentences: Sequence[Sentence], heads: Sequence[Sequence[int]] | None = None,
+def write_conllu(target: str | Path | TextIO, sentences: Sequence[Sentence], heads: Sequence[Sequence[int]] | None = None,
                  deprels: Sequence[Sequence[str]] | None = None) -> None:
-    """Write sentences as CoNLL-U, with the given heads (and labels) per sentence, or as read."""
-    with open(path, "w", encoding="utf-8") as f:
-        for i, s in enumerate(sentences):
-            tokens = s.tokens if heads is None else with_tree(s, heads[i], None if deprels is None else deprels[i])
-            f.write(tokens.serialize())
+    """Write sentences as CoNLL-U to a path or an open text stream, with the given heads (and
+    labels) per sentence, or as read."""
+    if isinstance(target, (str, Path)):
+        with open(target, "w", encoding="utf-8") as f:
+            write_conllu(f, sentences, heads, deprels)
+        return
+    for i, s in enumerate(sentences):
+        tokens = s.tokens if heads is None else with_tree(s, heads[i], None if deprels is None else deprels[i])
+        target.write(tokens.serialize())
