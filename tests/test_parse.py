@@ -198,11 +198,13 @@ def read_conllu_text(text: str, tmp_path):
     (["predict", "{tmp}/other.pt", "{tmp}/x.conllu"], "not a parser checkpoint"),
     (["predict", "{tmp}/x.conllu", "{tmp}/x.conllu"], "not a file torch.load reads"),
     (["train", "--train-file", "{tmp}/missing.conllu"], "--train-file {tmp}/missing.conllu: no such file"),
+    (["train", "--train-file", "{tmp}/short.conllu", "--test-file", "{tmp}/x.conllu"], "word 1 has no upos, head, deprel column"),
     (["--dev-fraction", "1.5", "--data-dir", "{tmp}"], "--dev-fraction"),
 ])
 def test_bad_paths_and_options_are_clear_errors_before_any_training(tmp_path, capsys, argv, message):
     torch.save({"state": {}}, tmp_path / "other.pt")
     (tmp_path / "x.conllu").write_text(conllu_text(TOY), encoding="utf-8")
+    (tmp_path / "short.conllu").write_text("1\tx\n\n", encoding="utf-8")
     with pytest.raises(SystemExit) as exit:
         parse.main([a.format(tmp=tmp_path) for a in argv])
     assert exit.value.code == 2 and message.format(tmp=tmp_path) in capsys.readouterr().err

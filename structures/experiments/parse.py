@@ -48,8 +48,8 @@ from tqdm import tqdm
 
 from . import command_line, default_data_dir
 from .attachment import Attachment, TreeShapes, is_projective
-from .biaffine import (DECODERS, LOSSES, BiaffineParser, Vocab, arc_loss, arc_marginals, batches, decode,
-                       Checkpoint, length_groups, load_checkpoint, make_batch, save_checkpoint)
+from .biaffine import (DECODERS, LOSSES, BiaffineParser, Checkpoint, Vocab, arc_loss, arc_marginals, batches, decode,
+                       length_groups, load_checkpoint, make_batch, save_checkpoint)
 from .ud import PUD, TREEBANKS, Sentence, read_conllu, read_sentences, write_conllu
 
 DEV_SPLIT_SEED = 0  # the held-out dev sentences do not change with --seed, so seeds compare on the same split
@@ -260,6 +260,15 @@ def existing(p: argparse.ArgumentParser, option: str, path: Path) -> Path:
     return path
 
 
+def read(p: argparse.ArgumentParser, option: str, path: Path, reader: Callable[[Path], list[Sentence]]) -> list[Sentence]:
+    """The sentences ``reader`` reads from ``path``; a usage error naming the option if the file is
+    missing or malformed."""
+    try:
+        return reader(existing(p, option, path))
+    except ValueError as e:
+        p.error(f"{option} {path}: {e}")
+
+
 def arguments() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The command's parser and its subcommands' parsers by name."""
     p = command_line("parse", __doc__)
@@ -355,8 +364,9 @@ def train_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
     random.seed(args.seed)
     wall = time.perf_counter()
 
-    train_all = read_conllu(train_file, args.max_sentences)
-    test = read_conllu(test_file, args.max_sentences)
+    train_all = read(p, "--train-file", train_file, lambda f: read_conllu(f, args.max_sentences))
+    test = read(p, "--test-file", test_file, lambda f: read_conllu(f, args.max_sentences))
+    pud = read(p, "--pud", pud_file, lambda f: read_conllu(f, args.max_sentences)) if pud_file else None
     kept, dev = split_dev(train_all, args.dev_fraction)
     train = training_set(kept, args.loss, args.max_train_length)
     if not train:
@@ -375,7 +385,7 @@ def train_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
     train_seconds = time.perf_counter() - start
     write_csv(args.out / f"{name}_epochs.csv", curve)
 
-    evaluated = [(treebank, test)] + ([(f"pud-{args.pud}", read_conllu(pud_file, args.max_sentences))] if pud_file else [])
+    evaluated = [(treebank, test)] + ([(f"pud-{args.pud}", pud)] if pud else [])
     rows = []
     for eval_name, sentences in evaluated:
         start = time.perf_counter()
@@ -413,7 +423,7 @@ def train_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
 def evaluate_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[dict]:
     """Score a checkpoint on a CoNLL-U file with each decoder; print and return the table."""
     ck = loaded(p, args.checkpoint)
-    sentences = read_conllu(existing(p, "file", args.file), args.max_sentences)
+    sentences = read(p, "file", args.file, lambda f: read_conllu(f, args.max_sentences))
     evaluations, _ = evaluate(ck.model, sentences, ck.vocab, args.decoder or DECODERS[ck.loss])
     rows = []
     for d, r in evaluations.items():
@@ -428,7 +438,7 @@ def evaluate_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> li
 def predict_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Parse the input and write CoNLL-U with the predicted heads and labels."""
     ck = loaded(p, args.checkpoint)
-    sentences = read_sentences(existing(p, "input", args.input), args.format)
+    sentences = read(p, "input", args.input, lambda f: read_sentences(f, args.format))
     if not sentences:
         p.error(f"input {args.input}: no sentences")
     decoder = args.decoder or DECODERS[ck.loss][0]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 import conllu
+import conllu.exceptions
 from conllu.models import Token, TokenList
 
 TREEBANKS = {
@@ -54,8 +55,12 @@ class Sentence:
 
 
 def sentence(tokens: TokenList) -> Sentence:
-    """The :class:`Sentence` of a token list; raises ``ValueError`` if word ids are not ``1..n``."""
+    """The :class:`Sentence` of a token list; raises ``ValueError`` if word ids are not ``1..n`` or a
+    word lacks a column of the tree."""
     words = [t for t in tokens if is_word(t)]
+    for t in words:
+        if missing := [c for c in ("form", "upos", "head", "deprel") if c not in t]:
+            raise ValueError(f"tokens: word {t['id']} has no {', '.join(missing)} column (expected CoNLL-U's 10 columns)")
     if [t["id"] for t in words] != list(range(1, len(words) + 1)):
         raise ValueError(f"tokens: expected word ids 1..n in order, got {[t['id'] for t in words]}")
     return Sentence(
@@ -68,13 +73,17 @@ def sentence(tokens: TokenList) -> Sentence:
 
 
 def read_conllu(path: str | Path, max_sentences: int | None = None) -> list[Sentence]:
-    """The sentences of a CoNLL-U file (the first ``max_sentences`` if given)."""
+    """The sentences of a CoNLL-U file (the first ``max_sentences`` if given); ``ValueError`` if it
+    is not CoNLL-U."""
     sentences = []
     with open(path, encoding="utf-8") as f:
-        for tokens in conllu.parse_incr(f):
-            if max_sentences is not None and len(sentences) >= max_sentences:
-                break
-            sentences.append(sentence(tokens))
+        try:
+            for tokens in conllu.parse_incr(f):
+                if max_sentences is not None and len(sentences) >= max_sentences:
+                    break
+                sentences.append(sentence(tokens))
+        except conllu.exceptions.ParseException as e:
+            raise ValueError(f"{path}: not CoNLL-U ({e})") from e
     return sentences
 
 
