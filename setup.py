@@ -1,6 +1,10 @@
-"""The optional C extension (the compiled spanning-tree decode); the rest of the metadata is in
-pyproject.toml. Without a C compiler the install goes on without it (numpy's decode runs)."""
+"""The optional C extensions (the spanning-tree decode's contraction loop, the exact log Z of small
+matrix-tree problems); the rest of the metadata is in pyproject.toml. Without a C compiler the
+install goes on without them (numpy's decode and the torch path run)."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("structures.decode._tarjan_c", ["structures/decode/_tarjan.c"], optional=True)])
+setup(ext_modules=[
+    Extension("structures.decode._tarjan_c", ["structures/decode/_tarjan.c"], optional=True),
+    Extension("structures._matrix_tree_c", ["structures/_matrix_tree_c.c"], optional=True),
+])

@@ -30,11 +30,11 @@ setup() {
         say "installing torch==$TORCH_VERSION into $VENV"
         "$py" -m pip install -qq "torch==$TORCH_VERSION"
     fi
-    # Reinstall the package (building the C extension) only when pyproject.toml, setup.py, the C
-    # source, the extras or the checkout's place change.
+    # Reinstall the package (building the C extensions) only when pyproject.toml, setup.py, the C
+    # sources, the extras or the checkout's place change.
     local stamp="$VENV/.structures-installed${extras:+-$extras}"
     local want
-    want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT/structures/decode/_tarjan.c" | sha256sum | cut -d' ' -f1) $ROOT"
+    want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/structures/decode/_tarjan.c "$ROOT"/structures/_matrix_tree_c.c | sha256sum | cut -d' ' -f1) $ROOT"
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         say "installing this package (pip install -e '.${extras:+[$extras]}')"
         "$py" -m pip install -qq -e "$ROOT${extras:+[$extras]}"
