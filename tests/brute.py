@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 from torch.testing import assert_close
 
-from structures import ConstituencyCRF, HopChainCRF, LinearChainCRF, ProjectiveDependencyCRF, SemiMarkovCRF
+from structures import (ConstituencyCRF, EmissionCRF, HopChainCRF, LinearChainCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF,
+                        SemiMarkovCRF)
 
 Part = tuple[int, ...]
 
@@ -24,6 +25,12 @@ def chain_structures(n: int, C: int) -> Iterator[list[Part]]:
     """LinearChainCRF: tags t_0..t_{n-1}; part (i, t_i, t_{i+1}) for every i < n-1."""
     for tags in itertools.product(range(C), repeat=n):
         yield [(i, tags[i], tags[i + 1]) for i in range(n - 1)]
+
+
+def tag_sequences(n: int, C: int) -> Iterator[list[Part]]:
+    """EmissionCRF: tags t_0..t_{n-1}; part (i, t_i) for every i < n."""
+    for tags in itertools.product(range(C), repeat=n):
+        yield list(enumerate(tags))
 
 
 def compositions(n: int, K: int) -> Iterator[list[int]]:
@@ -70,17 +77,20 @@ def constituency_trees(n: int, L: int) -> Iterator[list[Part]]:
             yield [(i, j, label) for (i, j), label in zip(spans, labels)]
 
 
-def projective_trees(n: int) -> Iterator[list[tuple[int, int]]]:
-    """Every projective dependency tree over words 1..n with the root at position 0 (which may have
-    several children): the list of its arcs (head, dependent)."""
+def dependency_trees(n: int) -> Iterator[list[tuple[int, int]]]:
+    """Every dependency tree over words 1..n with the root at position 0 (which may have several
+    children), projective or not: the list of its arcs (head, dependent)."""
     for heads in itertools.product(range(n + 1), repeat=n):
         arcs = [(h, d) for d, h in enumerate(heads, start=1)]
-        if any(h == d for h, d in arcs):
-            continue
-        reaches_root = all(_climbs_to_root(d, heads) for d in range(1, n + 1))
+        if not any(h == d for h, d in arcs) and all(_climbs_to_root(d, heads) for d in range(1, n + 1)):
+            yield arcs
+
+
+def projective_trees(n: int) -> Iterator[list[tuple[int, int]]]:
+    """The trees of :func:`dependency_trees` whose arcs do not cross."""
+    for arcs in dependency_trees(n):
         spans = [tuple(sorted(a)) for a in arcs]
-        crossing = any(a < c < b < e for a, b in spans for c, e in spans)
-        if reaches_root and not crossing:
+        if not any(a < c < b < e for a, b in spans for c, e in spans):
             yield arcs
 
 
@@ -218,6 +228,7 @@ class Family:
     offset: int
     structures: Callable[[tuple[int, ...], int], Iterable[list[Part]]]
     length_dims: int = 1
+    argument: str = "log_potentials"  # what the constructor calls the potentials
 
     def max_length(self, shape: tuple[int, ...]) -> int:
         return shape[0] + self.offset
@@ -271,7 +282,36 @@ CONSTITUENCY = Family(
     ((1, 1, 1), (1, 1, 3), (2, 2, 3), (4, 4, 1), (2, 2, 1), (3, 3, 3)), 0,
     lambda shape, n: constituency_trees(n, shape[-1]), length_dims=2,
 )
-FAMILIES = (CHAIN, SEMIMARKOV, HOPS, PROJECTIVE, PROJECTIVE_SINGLE_ROOT, CONSTITUENCY)
+class SingleRootNonProjective(NonProjectiveDependencyCRF):
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        super().__init__(log_potentials, lengths, single_root=True)
+
+
+NONPROJECTIVE = Family(
+    "nonprojective", NonProjectiveDependencyCRF,
+    tuple((n + 1, n + 1) for n in range(1, 5)), -1,
+    lambda shape, n: dependency_trees(n), length_dims=2,
+)
+NONPROJECTIVE_SINGLE_ROOT = Family(
+    "nonprojective-single-root", SingleRootNonProjective,
+    tuple((n + 1, n + 1) for n in range(1, 5)), -1,
+    lambda shape, n: (t for t in dependency_trees(n) if sum(h == 0 for h, _ in t) == 1), length_dims=2,
+)
+class EmissionsOnly(EmissionCRF):
+    """Transitions, start and end 0: a structure's score is ⟨θ, z⟩ over its emissions alone."""
+
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        C = log_potentials.shape[-1]
+        super().__init__(log_potentials, log_potentials.new_zeros(C, C), lengths=lengths)
+
+
+EMISSION = Family(
+    "emission", EmissionsOnly,
+    tuple((N, C) for N in range(1, 5) for C in range(1, 4)), 0,
+    lambda shape, n: tag_sequences(n, shape[-1]), argument="emissions",
+)
+FAMILIES = (CHAIN, SEMIMARKOV, HOPS, PROJECTIVE, PROJECTIVE_SINGLE_ROOT, CONSTITUENCY, NONPROJECTIVE,
+            NONPROJECTIVE_SINGLE_ROOT, EMISSION)
 
 
 def random_lengths(batch: int, longest: int, generator: torch.Generator) -> Tensor:

@@ -255,7 +255,10 @@ def test_sample_frequencies_match_marginals(family):
     bound = 5 * (mu * (1 - mu) / n).sqrt() + 1e-9  # five binomial standard errors
     assert ((samples.mean(0) - mu).abs() <= bound).all()
     for b, e in enumerate(family.enumerate(theta, lengths)):
-        assert not as_multiset(samples[:, b].unique(dim=0)) - e.support()  # each sample is a structure
+        if e.count:
+            assert not as_multiset(samples[:, b].unique(dim=0)) - e.support()  # each sample is a structure
+        else:  # no structure remains: samples are 0 (docs/shapes.md)
+            assert not samples[:, b].any()
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=str)
@@ -303,7 +306,8 @@ def test_a_torch_distribution_with_kl_divergence_registered(case):
 @pytest.mark.parametrize("family", FAMILIES, ids=str)
 def test_enumerating_more_structures_than_the_limit_is_a_value_error(family):
     d = dist(Case(family, largest(family), False, 0.0))
-    with pytest.raises(ValueError, match=r"enumerate_support: .* structures in an example exceed limit=1 "):
+    # (the dynamic programs count structures; the non-projective CRF, head assignments it would try)
+    with pytest.raises(ValueError, match=r"enumerate_support: .* exceed limit=1\b"):
         d.enumerate_support(limit=1)
 
 
@@ -332,13 +336,15 @@ def bad_potentials(family: Family):
     """(name, tensor) pairs of potentials the structure must refuse."""
     shape = largest(family)
     ok = torch.zeros(2, *shape, dtype=torch.float64)
-    wrong_size = list(ok.shape)
     symbols = [s.strip() for s in family.cls.shape.split(",")]
-    wrong_size[max(i for i, s in enumerate(symbols) if symbols.count(s) > 1)] += 1  # a size the spec ties to another
+    tied = [i for i, s in enumerate(symbols) if symbols.count(s) > 1]  # sizes the spec ties to another
+    wrong_size = list(ok.shape)
+    if tied:
+        wrong_size[max(tied)] += 1
     return [
         ("rank too small", ok[0]),
         ("rank too large", ok.unsqueeze(-1)),
-        ("size mismatch", torch.zeros(wrong_size, dtype=torch.float64)),
+        *([("size mismatch", torch.zeros(wrong_size, dtype=torch.float64))] if tied else []),
         ("integer", ok.long()),
         ("nan", with_first_entry(ok, math.nan)),
         ("+inf", with_first_entry(ok, math.inf)),
@@ -357,7 +363,7 @@ def with_first_entry(theta: torch.Tensor, value: float) -> torch.Tensor:
                          [(f, what, t) for f in FAMILIES for what, t in bad_potentials(f)],
                          ids=lambda v: str(v) if not isinstance(v, torch.Tensor) else "")
 def test_bad_potentials_raise_value_error_naming_argument_and_shape(family, what, theta):
-    with pytest.raises(ValueError, match="log_potentials") as error:
+    with pytest.raises(ValueError, match=family.argument) as error:
         family.cls(theta)
     if what in ("rank too small", "rank too large", "size mismatch"):
         assert f"[{family.cls.shape}]" in str(error.value)
