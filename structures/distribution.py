@@ -38,9 +38,17 @@ from semiring import Program
 _eager = torch.compiler.disable
 
 
+def validating() -> bool:
+    """Whether checks that read values (and so synchronise with the device) run: torch's
+    ``Distribution`` default, on unless ``torch.distributions.Distribution.set_default_validate_args(False)``
+    (a training loop that trusts its inputs). Checks of types and shapes always run."""
+    return torch.distributions.Distribution._validate_args
+
+
 def check_shape(name: str, x: Tensor, spec: str) -> None:
     """Raise ``ValueError`` unless ``x`` is a floating tensor of shape ``spec`` (e.g. ``"B, N-1, C, C"``):
-    the right rank, and equal sizes wherever ``spec`` repeats a symbol."""
+    the right rank, and equal sizes wherever ``spec`` repeats a symbol; while :func:`validating`,
+    also unless its values are finite or -inf, and small enough that sums of them cannot overflow."""
     symbols = [s.strip() for s in spec.split(",")]
     if not isinstance(x, Tensor):
         raise ValueError(f"{name}: expected a tensor of shape [{spec}], got {type(x).__name__}")
@@ -50,6 +58,8 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
         raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
+    if not validating():
+        return
     # NaN if any is, +inf if any is: one pass, read once
     low, top = torch.stack(torch.aminmax(x.detach())).tolist() if x.numel() else (0.0, 0.0)
     if math.isnan(top):
@@ -68,11 +78,14 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
 
 
 def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int) -> None:
-    """Raise ``ValueError`` unless ``x`` is an integer tensor of ``shape`` with values in ``lo..hi``."""
+    """Raise ``ValueError`` unless ``x`` is an integer tensor of ``shape`` with values (while
+    :func:`validating`) in ``lo..hi``."""
     if not isinstance(x, Tensor) or x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
         raise ValueError(f"{name}: expected an integer tensor of shape {list(shape)}, got {getattr(x, 'dtype', type(x).__name__)}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(x.shape)}")
+    if not validating():
+        return
     bad = (x < lo) | (x > hi)
     if bool(bad.any()):
         raise ValueError(f"{name}: expected values in {lo}..{hi}, got {x[bad].tolist()}")
@@ -167,7 +180,7 @@ class StructuredDistribution(torch.distributions.Distribution):
         if empty:
             raise ValueError(f"log_potentials: shape {list(self.log_potentials.shape)} (expected [{self.shape}]) "
                              "admits no structure: a size is too small")
-        return self.program.check_lengths(lengths, self._batch, self._shapes)
+        return self.program.check_lengths(lengths, self._batch, self._shapes, values=validating())
 
     def _lookups_for(self, rows: int) -> dict[str, Tensor]:
         """The looked-up integer inputs for a batch of ``rows`` (k copies of the batch)."""

@@ -495,3 +495,19 @@ def test_tags_out_of_range_within_the_length_are_a_value_error_naming_value(name
     assert torch.isfinite(d.log_prob(past)).all()
     with pytest.raises(ValueError, match="value"):
         d.log_prob(tags.bool())
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+def test_validate_args_off_skips_the_checks_that_read_values_but_not_shapes(family, monkeypatch):
+    """``Distribution.set_default_validate_args(False)``, as in torch.distributions: potentials and
+    lengths are not read (no device synchronisation) — NaN and out-of-range lengths go through —
+    while types and shapes are still checked."""
+    shape = largest(family)
+    nan = torch.full((2, *shape), math.nan, dtype=torch.float64)
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", False)
+    family.cls(nan)  # no ValueError
+    with pytest.raises(ValueError, match=family.argument):
+        family.cls(nan[0])
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)
+    with pytest.raises(ValueError, match=family.argument):
+        family.cls(nan)

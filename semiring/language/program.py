@@ -170,10 +170,11 @@ class Program:
         box = self.plan(shapes).boxes[GOAL]
         return {v: (lo, hi) for v, lo, hi in zip(self.syntax.lengths, box.lo, box.hi)}
 
-    def check_lengths(self, lengths, batch: int, shapes):
+    def check_lengths(self, lengths, batch: int, shapes, values: bool = True):
         """Validate ``lengths``: None (every example at its largest lengths), a tensor ``[B]`` (the
         length ``n``; a program with lengths ``n`` and ``m`` needs a dict) or a dict from length
-        names to tensors ``[B]`` (a length not given is its largest). Returns it as given."""
+        names to tensors ``[B]`` (a length not given is its largest). Returns it as given.
+        ``values``: also check that they are in range (reads them: a device synchronisation)."""
         allowed = self.lengths_allowed(shapes)
         if lengths is None:
             if allowed.size == 0:
@@ -201,8 +202,8 @@ class Program:
             if value.dim() != 1 or value.shape[0] != batch or value.dtype.is_floating_point or value.dtype == torch.bool:
                 raise ValueError(f"{what}: expected an integer tensor of shape [B] = [{batch}], got {value.dtype} {tuple(value.shape)}")
             lo, hi = ranges[name]
-            ok = (value >= lo) & (value <= hi)
-            if not bool(ok.all()):
+            ok = (value >= lo) & (value <= hi) if values else None
+            if ok is not None and not bool(ok.all()):
                 raise ValueError(f"{what}: {value[~ok].tolist()} out of range; these shapes allow {lo}..{hi}")
         return given if isinstance(lengths, Mapping) else given[names[0]]
 
