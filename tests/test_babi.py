@@ -41,13 +41,18 @@ def test_supporting_facts_index_the_memory():
         assert ex.answer in ex.memory[ex.support[1]]
 
 
-def test_position_encoding_is_sukhbaatars_and_zero_at_padding():
+def test_position_encoding_is_the_reference_codes_and_zero_at_padding():
+    """``1 + 4 (k - (d+1)/2)(j - (J+1)/2) / (d J)``: twice the paper's printed formula at centred
+    indices, averaging 1 over the dimensions at every position (the printed formula averages 1/2)."""
     words = torch.tensor([[5, 7, 9, 0]])
     l = babi.position_encoding(words, 4)
     J, d = 3, 4
+    printed = lambda j, k: (1 - j / J) - (k / d) * (1 - 2 * j / J)  # noqa: E731
     for j in range(1, J + 1):
         for k in range(1, d + 1):
-            assert l[0, j - 1, k - 1].item() == pytest.approx((1 - j / J) - (k / d) * (1 - 2 * j / J))
+            assert l[0, j - 1, k - 1].item() == pytest.approx(1 + 4 * (k - (d + 1) / 2) * (j - (J + 1) / 2) / (d * J))
+            assert l[0, j - 1, k - 1].item() == pytest.approx(2 * printed(j - 0.5, k - 0.5))
+    assert l[0, :J].mean(-1).tolist() == pytest.approx([1.0] * J)
     assert (l[0, 3] == 0).all()
 
 
