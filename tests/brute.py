@@ -262,41 +262,32 @@ HOPS = Family(
     tuple((K, F, F) for K in range(1, 4) for F in range(1, 4)), 0,
     lambda shape, n: hop_structures(n, shape[-1]),
 )
-PROJECTIVE = Family(
-    "projective", ProjectiveDependencyCRF,
-    tuple((n + 1, n + 1) for n in range(1, 5)), -1,
-    lambda shape, n: projective_trees(n), length_dims=2,
-)
-class SingleRootProjective(ProjectiveDependencyCRF):
-    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
-        super().__init__(log_potentials, lengths, single_root=True)
-
-
-PROJECTIVE_SINGLE_ROOT = Family(
-    "projective-single-root", SingleRootProjective,
-    tuple((n + 1, n + 1) for n in range(1, 5)), -1,
-    lambda shape, n: (t for t in projective_trees(n) if sum(h == 0 for h, _ in t) == 1), length_dims=2,
-)
 CONSTITUENCY = Family(
     "constituency", ConstituencyCRF,
     ((1, 1, 1), (1, 1, 3), (2, 2, 3), (4, 4, 1), (2, 2, 1), (3, 3, 3)), 0,
     lambda shape, n: constituency_trees(n, shape[-1]), length_dims=2,
 )
-class SingleRootNonProjective(NonProjectiveDependencyCRF):
-    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
-        super().__init__(log_potentials, lengths, single_root=True)
 
 
-NONPROJECTIVE = Family(
-    "nonprojective", NonProjectiveDependencyCRF,
-    tuple((n + 1, n + 1) for n in range(1, 5)), -1,
-    lambda shape, n: dependency_trees(n), length_dims=2,
-)
-NONPROJECTIVE_SINGLE_ROOT = Family(
-    "nonprojective-single-root", SingleRootNonProjective,
-    tuple((n + 1, n + 1) for n in range(1, 5)), -1,
-    lambda shape, n: (t for t in dependency_trees(n) if sum(h == 0 for h, _ in t) == 1), length_dims=2,
-)
+def tree_families(name: str, cls: type, trees: Callable[[int], Iterable[list[Part]]]) -> tuple[Family, Family]:
+    """A dependency CRF's two families, multi-root and single-root (the root has one child), over
+    ``trees(n)``: the trees over words 1..n as lists of arcs (head, dependent)."""
+
+    class SingleRoot(cls):
+        def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+            super().__init__(log_potentials, lengths, single_root=True)
+
+    SingleRoot.__name__ = SingleRoot.__qualname__ = f"SingleRoot{cls.__name__}"
+    shapes = tuple((n + 1, n + 1) for n in range(1, 5))
+    return (Family(name, cls, shapes, -1, lambda shape, n: trees(n), length_dims=2),
+            Family(f"{name}-single-root", SingleRoot, shapes, -1,
+                   lambda shape, n: (t for t in trees(n) if sum(h == 0 for h, _ in t) == 1), length_dims=2))
+
+
+PROJECTIVE, PROJECTIVE_SINGLE_ROOT = tree_families("projective", ProjectiveDependencyCRF, projective_trees)
+NONPROJECTIVE, NONPROJECTIVE_SINGLE_ROOT = tree_families("nonprojective", NonProjectiveDependencyCRF, dependency_trees)
+
+
 class EmissionsOnly(EmissionCRF):
     """Transitions, start and end 0: a structure's score is ⟨θ, z⟩ over its emissions alone."""
 
