@@ -49,14 +49,16 @@ class SynJax:
             raise RuntimeError(f"SynJax worker exited (code {self._proc.poll()}) on {req}")
         return json.loads(line)
 
-    def load(self, task: str, x: np.ndarray, single_root: bool) -> tuple[int, np.ndarray, float]:
-        """Prepare ``task`` (``log_partition``, ``marginals`` or ``mst``) on ``x [B, n+1, n+1]``:
-        ``(id, result of the first call, seconds of the first call, compile included)``."""
+    def load(self, task: str, x: np.ndarray, single_root: bool = False, kind: str | None = None) -> tuple[int, np.ndarray, float]:
+        """Prepare ``task`` (``log_partition``, ``marginals`` or ``mst`` on ``x [B, n+1, n+1]``;
+        ``alignment_log_partition`` or ``alignment_marginals`` on ``x [B, n, m]`` with ``kind`` its
+        ``alignment_type``): ``(id, result of the first call, seconds of the first call, compile
+        included)``."""
         self._files += 1
         src = os.path.join(self._dir.name, f"x{self._files}.npz")
         dst = os.path.join(self._dir.name, f"y{self._files}.npz")
         np.savez(src, x=x)
-        ans = self._ask({"op": "load", "task": task, "single_root": single_root, "x": src, "out": dst})
+        ans = self._ask({"op": "load", "task": task, "single_root": single_root, "kind": kind, "x": src, "out": dst})
         with np.load(dst) as f:
             value = f["value"]
         return ans["id"], value, ans["first_s"]

@@ -8,7 +8,9 @@ object per line on stdin, one answer per line on stdout.
   ``log_partition``, ``marginals`` (``SpanningTreeCRF``, jitted, float32) and ``mst`` (its numba
   ``vectorized_mst``, float64 as it computes): reads ``x`` (``[B, n+1, n+1]``, ``[b, h, m]``),
   makes the first call (jit / numba compile included), writes the result to ``out`` (``value``)
-  and answers ``{"id": k, "first_s": seconds}``.
+  and answers ``{"id": k, "first_s": seconds}``. T ``alignment_log_partition`` or
+  ``alignment_marginals`` with ``"kind": "monotone_many_to_many"`` or ``"monotone_one_to_many"``:
+  its ``AlignmentCRF`` (jitted, float32) on ``x`` ``[B, n, m]``.
 * ``{"op": "lap", "id": k}``: one more call, timed here (inputs on the device, the result blocked
   on, no transfer), answers ``{"s": seconds}``.
 * ``{"op": "quit"}``.
@@ -30,8 +32,16 @@ import synjax  # noqa: E402
 from synjax._src.deptree_algorithms.deptree_non_proj_argmax import vectorized_mst  # noqa: E402
 
 
-def _call(task: str, single_root: bool, x: np.ndarray):
+def _call(task: str, single_root: bool, x: np.ndarray, kind: str | None = None):
     """A zero-argument call of SynJax on ``x`` that returns a finished numpy-convertible result."""
+    if task.startswith("alignment_"):
+        def align(lp):
+            crf = synjax.AlignmentCRF(lp, alignment_type=kind)
+            return crf.log_partition() if task == "alignment_log_partition" else crf.marginals()
+
+        fn = jax.jit(align)
+        dev = jnp.asarray(x, dtype=jnp.float32)
+        return lambda: jax.block_until_ready(fn(dev))
     if task == "mst":
         lengths = np.full(x.shape[0], x.shape[-1])  # SynJax counts the root
         return lambda: vectorized_mst(x, lengths, single_root)
@@ -54,7 +64,7 @@ def main() -> None:
         if req["op"] == "load":
             with np.load(req["x"]) as f:
                 x = f["x"]
-            fn = _call(req["task"], req["single_root"], x)
+            fn = _call(req["task"], req["single_root"], x, req.get("kind"))
             t = time.perf_counter()
             out = fn()
             first = time.perf_counter() - t
