@@ -17,7 +17,8 @@ from torch.testing import assert_close
 
 import structures._matrix_tree as mt
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
-from structures.nonprojective import _exact, _masks, _sample_heads, _shift, high_precision_reference, log_partition_and_marginals
+from structures.nonprojective import _exact, _masks, _sample_heads, _shift, log_partition_and_marginals
+from matrix_tree_reference import high_precision_reference
 
 NP = NonProjectiveDependencyCRF
 try:  # the maximum spanning arborescences (argmax, k-best) live in structures.decode
