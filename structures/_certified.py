@@ -1,4 +1,4 @@
-"""The certified fast path of :mod:`structures.nonprojective`: the matrix-tree theorem with LAPACK
+"""The certified fast path of :mod:`structures._tree_partition`: the matrix-tree theorem with LAPACK
 in float64 and an a-posteriori bound of its error.
 
 Input: column-shifted arc weights in ``[0, 1]``, 0 where an arc does not exist, and which words

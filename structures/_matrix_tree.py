@@ -1,4 +1,4 @@
-"""Exact, subtraction-free matrix-tree computations (the numerics of :mod:`structures.nonprojective`).
+"""Exact, subtraction-free matrix-tree computations (the exact path of :mod:`structures._tree_partition`).
 
 Graph convention: words ``0..n-1`` (here 0-based), ``A[b, h, m] >= 0`` the weight of the arc
 head ``h`` -> modifier ``m`` (zero diagonal), ``g[b, m] >= 0`` the *margin* of word ``m`` (its
@@ -285,7 +285,6 @@ def leave_one_out(A: Tensor, g: Tensor, s: Tensor | None, ops=LIN, live: Tensor 
         saved.append((rho, F))
         size = h
     margin = gs[:, :, 0, 0]
-    source = gs[:, :, -1, 0]
     beta = torch.full((b, n, 1, 1), ops.zero, dtype=A.dtype, device=A.device)
     for rho, F in reversed(saved):
         G2, h = F.shape[1], F.shape[-1]
@@ -297,7 +296,6 @@ def leave_one_out(A: Tensor, g: Tensor, s: Tensor | None, ops=LIN, live: Tensor 
     return {
         "beta": beta[:, 0],
         "margin": margin,
-        "source": source,
         "logminor": logminor,
         "ymax": ymax,
         "low": low,

@@ -1,4 +1,4 @@
-/* log Z of the matrix-tree theorem for small graphs, exactly, in C (structures/nonprojective.py
+/* log Z of the matrix-tree theorem for small graphs, exactly, in C (structures/_tree_partition.py
  * uses it for short sentences, where a handful of small torch calls would cost more than the
  * arithmetic). Built at install time as the optional extension structures._matrix_tree_c
  * (setup.py); without it the torch path runs.

@@ -17,7 +17,8 @@ from torch.testing import assert_close
 
 import structures._matrix_tree as mt
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
-from structures.nonprojective import _exact, _masks, _sample_heads, _shift, log_partition_and_marginals
+from structures._tree_partition import exact, log_partition_and_marginals, masks, shift
+from structures.decode.sampling import sample_arborescences
 from matrix_tree_reference import high_precision_reference
 
 NP = NonProjectiveDependencyCRF
@@ -83,11 +84,11 @@ ROOTS = pytest.mark.parametrize("single_root", [False, True], ids=["multi", "sin
 def log_z_alone(request, monkeypatch):
     """log Z alone (``marginals=False``) by the certified LAPACK path, or for short full-length
     sentences by the C elimination (skipped where the extension is not built)."""
-    import structures.nonprojective as npmod
+    import structures._tree_partition as partition
 
     if request.param == "lapack":
-        monkeypatch.setattr(npmod, "_matrix_tree_c", None)
-    elif npmod._matrix_tree_c is None:
+        monkeypatch.setattr(partition, "_matrix_tree_c", None)
+    elif partition._matrix_tree_c is None:
         pytest.skip("the C extension structures._matrix_tree_c is not built (setup.py build_ext --inplace)")
     return request.param
 
@@ -138,12 +139,12 @@ def test_every_path_matches_enumeration(single_root, n, log_z_alone):
     g = gen(7 + n)
     theta = torch.randn(4, n + 1, n + 1, generator=g, dtype=torch.float64) * 3
     lengths = torch.full((4,), n)
-    valid, real = _masks(n, lengths, theta.device)
-    logw, c = _shift(theta, valid)
+    valid, real = masks(n, lengths, theta.device)
+    logw, c = shift(theta, valid)
     results = {"default": log_partition_and_marginals(theta, lengths, single_root),
                "exact": log_partition_and_marginals(theta, lengths, single_root, fast=False),
                "log Z alone": log_partition_and_marginals(theta, lengths, single_root, marginals=False)}
-    z, m, _ = _exact(logw, real, single_root, mt.LOG)
+    z, m, _ = exact(logw, real, single_root, mt.LOG)
     results["log"] = (z + c.sum(1), m)
     for b in range(4):
         logz, mu, _, _ = brute(theta[b], n, single_root)
@@ -380,7 +381,7 @@ def test_sample_frequencies_match_tree_probabilities(single_root, sampler):
     logz, _, scores, ts = brute(theta[0], n, single_root)
     p = (scores - logz).exp()
     S = 20000
-    heads = _sample_heads(theta, torch.full((1,), n), single_root, copies=S,
+    heads = sample_arborescences(theta, torch.full((1,), n), single_root, copies=S,
                           budget=None if sampler == "wilson" else 0.0)
     index = {t: i for i, t in enumerate(ts)}
     counts = torch.zeros(len(ts), dtype=torch.float64)

@@ -1,0 +1,316 @@
+"""Log-partition and marginals of non-projective dependency trees by the matrix-tree theorem,
+exactly at any score scale (Koo et al. 2007): the numerics of
+:class:`structures.NonProjectiveDependencyCRF`, which choose, per example, the cheapest path that
+is certified or exact.
+
+Potentials ``theta [B, N+1, N+1]`` (``[b, h, m]``: head h -> modifier m, 0 the root; column 0 and
+the diagonal unused), ``lengths [B]`` words (None: every example N).
+
+Every score is shifted by its column's (its dependent's) max, which changes each tree's score by
+the same constant (every word has exactly one head), so the arc weights ``W = exp(θ - c)`` lie in
+``[0, 1]`` with a 1 in every column. Then, per example:
+
+1. **Fast path** (float64, LAPACK; :mod:`structures._certified`): LU of the Laplacian, ``log Z``
+   from its pivots, ``X = M^{-1}`` and Koo et al.'s formulas for the marginals (single root: the
+   Laplacian of the words rooted at one word ``c0`` and a rank-one correction). It is kept only
+   where an *a-posteriori bound* of its error, computed from the factors at ``O(n^2)`` cost,
+   certifies that ``log Z`` and every marginal are within ``TOL = 1e-9`` (absolute) of the exact
+   values. LU of an M-matrix has backward error ``|E| <= γ |L||U|``; the bound propagates it
+   through ``X`` with the column sums of ``|L||U|`` and the row maxima and absorption times of
+   ``X``. ``log Z`` alone (``log_partition`` of potentials that do not require grad; otherwise the
+   backward will want the marginals, computed with it) needs no inverse: the factors, one solve
+   and a bound on ``diag X`` from ``U``; for full-length sentences of up to ``_SMALL`` words it is
+   computed in C instead (``_matrix_tree_c.c``, where the optional extension is built): the
+   subtraction-free elimination of step 2 one word at a time, exact without a certificate, and
+   cheaper than the ~70 small torch calls of the LAPACK path at these sizes. At large score
+   scales the pivots cancel, the bound explodes, and the example moves on:
+2. **Exact path** (:mod:`structures._matrix_tree`): subtraction-free elimination
+   (Grassmann–Taksar–Heyman) in float64, blocked, with the marginals from leave-one-out
+   eliminations instead of Koo's cancelling difference; every quantity is a sum of products of
+   non-negative numbers, so the relative error is a small multiple of ``n u`` whatever the scale.
+   Its range check (no inverse entry above 1e280, no pivot below 1e-280) sends the rare example
+   whose cycles outweigh its trees by more than ~e^640 to
+3. **Log space** (same code, log-sum-exp arithmetic): no range limit.
+
+Single root without a strongly connected word graph (``-inf`` arcs) is computed by conditioning
+on the root's child (one multi-root problem per candidate).
+
+Padding words are isolated nodes hanging from the root with weight 1: they contribute exactly
+``log 1 = 0`` and exact zeros to every product, so an example's log-partition does not depend on
+the padding (up to float64 rounding of differently blocked sums).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import _certified as cert
+from . import _matrix_tree as mt
+
+try:  # exact log Z of short sentences in C (_matrix_tree_c.c, built at install time where a C compiler is)
+    from . import _matrix_tree_c
+except ImportError:
+    _matrix_tree_c = None
+
+_RANGE = 1e280  # the linear exact path's range check
+_SMALL = 96  # up to this many words, log Z alone is computed by the C extension where it is built
+
+
+def masks(N: int, lengths: Tensor, device) -> tuple[Tensor, Tensor]:
+    """``valid [B, N+1, N+1]`` (arcs h -> m of real words, h != m) and ``real [B, N]`` (real words)."""
+    pos = torch.arange(N + 1, device=device)
+    inside = pos <= lengths.to(device)[:, None]  # root and words 1..n
+    valid = inside[:, :, None] & inside[:, None, :] & (pos[:, None] != pos[None, :]) & (pos[None, :] > 0)
+    return valid, inside[:, 1:]
+
+
+def shift(theta: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
+    """``(θ - c masked to valid arcs (-inf elsewhere), c [B, N])``: c the max score of each column."""
+    th = theta.masked_fill(~valid, -math.inf)
+    c = th[:, :, 1:].amax(1)
+    c = torch.where(torch.isfinite(c), c, torch.zeros_like(c))
+    return th - torch.cat([torch.zeros_like(c[:, :1]), c], 1)[:, None, :], c
+
+
+def _closure(adj: Tensor) -> Tensor:
+    """Reflexive-transitive closure of boolean ``adj [B, n, n]`` (``R[i, j]``: a path i -> j)."""
+    n = adj.shape[-1]
+    R = (adj | torch.eye(n, dtype=torch.bool, device=adj.device)).double()
+    for _ in range(max(1, (n - 1).bit_length())):
+        R = ((R @ R) > 0).double()
+    return R > 0
+
+
+def feasibility(logW: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    """``(feasible [B], connected [B])``: some tree has finite score; (single root) the words'
+    graph is strongly connected, so that every word can be the root's child."""
+    B = logW.shape[0]
+    fin = torch.isfinite(logW)
+    valid_fin = fin[:, :, 1:]
+    # fast answer when no real arc is forbidden
+    real_arcs = torch.cat([real[:, None, :].expand(B, 1, -1), real[:, :, None] & real[:, None, :]], 1)
+    eye = torch.eye(real.shape[1], dtype=torch.bool, device=real.device)
+    real_arcs[:, 1:] &= ~eye
+    full = (valid_fin | ~real_arcs).all(2).all(1)
+    feasible = full.clone()
+    connected = full.clone()
+    if bool(full.all()):
+        return feasible, connected
+    rows = (~full).nonzero().squeeze(1)
+    R = _closure(fin[rows, 1:, 1:])  # words -> words
+    pad = ~real[rows]
+    reach_all = (R | pad[:, None, :]).all(2) & real[rows]  # word c reaches every real word
+    if single_root:
+        feasible[rows] = (reach_all & fin[rows, 0, 1:]).any(1)
+        connected[rows] = (reach_all | pad).all(1)
+    else:
+        from_root = (fin[rows, 0, 1:].double()[:, None, :] @ R.double())[:, 0] > 0
+        feasible[rows] = (from_root | pad).all(1)
+        connected[rows] = feasible[rows]
+    return feasible, connected
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def exact(logW: Tensor, real: Tensor, single_root: bool, ops) -> tuple[Tensor, Tensor, Tensor]:
+    """Subtraction-free ``(log Z(W), μ, ok)`` of every example (single root: the word graph must be
+    strongly connected). ``ok``: the linear backend's range check (always True in log space)."""
+    B, N1, _ = logW.shape
+    n = N1 - 1
+    n2 = _pow2(n)
+    lin = ops is mt.LIN
+    W = logW.exp() if lin else logW
+    one, zero = (1.0, 0.0) if lin else (0.0, -math.inf)
+    A = torch.full((B, n2, n2), zero, dtype=W.dtype, device=W.device)
+    A[:, :n, :n] = W[:, 1:, 1:]
+    pad = torch.ones(B, n2, dtype=torch.bool, device=W.device)
+    pad[:, :n] = ~real
+    root = torch.full((B, n2), zero, dtype=W.dtype, device=W.device)
+    root[:, :n] = W[:, 0, 1:]
+    if single_root:
+        g = torch.full_like(root, zero).masked_fill(pad, one)
+        s = root.masked_fill(pad, zero)
+    else:
+        g = root.masked_fill(pad, one)
+        s = None
+    out = mt.leave_one_out(A, g, s, ops, live=~pad)
+    beta = out["beta"][:, :n, :n]  # [m, h]
+    # numerators of the head distribution of every word m: root W_0m, word h: W_hm beta[m, h]
+    num = torch.cat([W[:, 0:1, 1:], ops.mul(W[:, 1:, 1:], beta.transpose(-1, -2))], 1)
+    den = ops.colsum(num)  # [B, n]
+    mu = ops.div(num, den[:, None, :])
+    if not lin:
+        mu = mu.exp()
+    mu = torch.cat([torch.zeros_like(mu[:, :, :1]), mu.masked_fill(~real[:, None, :], 0.0)], 2)
+    if single_root:
+        logT = out["logminor"][:, :n]
+        lw0 = W[:, 0, 1:].log() if lin else W[:, 0, 1:]
+        logZ = torch.logsumexp((lw0 + logT).masked_fill(~real, -math.inf), 1)
+    else:
+        logZ = out["logminor"][:, 0] + ops.log(out["margin"][:, 0])
+    ok = torch.isfinite(logZ) & torch.isfinite(mu).flatten(1).all(1)
+    if lin:
+        dmin = den.masked_fill(~real, 1.0).amin(1)
+        ok &= (out["ymax"] <= _RANGE) & (out["low"] >= 1 / _RANGE) & (dmin >= 1 / _RANGE)
+        if not single_root:
+            ok &= out["margin"][:, 0] >= 1 / _RANGE
+    return logZ, mu, ok
+
+
+def _conditioned_on_root_child(logW: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
+    """Single root by conditioning on the root's child c: one multi-root problem per (example, c)
+    whose only root arc is the one to c. ``O(n)`` multi-root problems per example."""
+    B, N1, _ = logW.shape
+    n = N1 - 1
+    cand = torch.isfinite(logW[:, 0, 1:]) & real  # [B, n]
+    bs, cs = cand.nonzero(as_tuple=True)
+    logZ = torch.full((B,), -math.inf, dtype=logW.dtype, device=logW.device)
+    mu = torch.zeros_like(logW)
+    if bs.numel() == 0:
+        return logZ, mu
+    sub = logW[bs].clone()
+    keep = torch.nn.functional.one_hot(cs + 1, N1).bool()
+    sub[:, 0, :] = sub[:, 0, :].masked_fill(~keep, -math.inf)
+    z, m = solve(sub, real[bs], single_root=False, fast=True)
+    z = z.masked_fill(~torch.isfinite(z), -math.inf)
+    zz = torch.full((B, n), -math.inf, dtype=logW.dtype, device=logW.device)
+    zz[bs, cs] = z
+    logZ = torch.logsumexp(zz, 1)
+    w = torch.where(torch.isfinite(z), (z - logZ[bs]).exp(), torch.zeros_like(z))
+    mu.index_add_(0, bs, m * w[:, None, None])
+    return logZ, mu
+
+
+def solve(logW: Tensor, real: Tensor, single_root: bool, fast: bool = True, info: dict | None = None):
+    """``(log Z(W), μ)`` for column-shifted log-weights ``logW [B, N+1, N+1]`` (-inf off the valid
+    arcs), float64; every example through the cheapest path that is certified or exact."""
+    B = logW.shape[0]
+    logZ = torch.full((B,), -math.inf, dtype=logW.dtype, device=logW.device)
+    mu = torch.zeros_like(logW)
+    method = ["none"] * B
+    feasible, connected = feasibility(logW, real, single_root)
+    todo = (feasible & connected).nonzero().squeeze(1)
+    if fast and todo.numel():
+        z, m, ok = cert.marginals(logW[todo].exp(), real[todo], single_root)
+        good = todo[ok]
+        logZ[good], mu[good] = z[ok], m[ok]
+        for i in good.tolist():
+            method[i] = "fast"
+        todo = todo[~ok]
+    for ops in (mt.LIN, mt.LOG):
+        if not todo.numel():
+            break
+        z, m, ok = exact(logW[todo], real[todo], single_root, ops)
+        good = todo[ok]
+        logZ[good], mu[good] = z[ok], m[ok]
+        for i in good.tolist():
+            method[i] = ops.name
+        todo = todo[~ok]
+    if todo.numel():  # cannot happen in log space; kept as a guard
+        raise FloatingPointError("NonProjectiveDependencyCRF: the exact matrix-tree computation failed")
+    cond = (feasible & ~connected).nonzero().squeeze(1)
+    if cond.numel():
+        z, m = _conditioned_on_root_child(logW[cond], real[cond])
+        logZ[cond], mu[cond] = z, m
+        for i in cond.tolist():
+            method[i] = "conditioned"
+    if info is not None:
+        info["method"] = method
+    return logZ, mu
+
+
+def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_root: bool, fast: bool = True,
+                                info: dict | None = None, marginals: bool = True) -> tuple[Tensor, Tensor | None]:
+    """``(log Z [B], μ [B, N+1, N+1])`` in float64, exactly (see the module doc). ``fast=False``
+    skips the certified LAPACK path; ``info['method']`` tells, per example, which path answered
+    (``fast``: the certified LAPACK path or, for log Z alone, the C elimination; ``lin``, ``log``,
+    ``conditioned`` or ``none`` where no tree exists).
+    ``marginals=False``: log Z alone (μ is None), the fast path without an inverse."""
+    x = theta.detach()
+    B, N1, _ = x.shape
+    N = N1 - 1
+    dev = x.device
+    full = lengths is None or bool((lengths == N).all())
+    valid, real = (None, torch.ones(B, N, dtype=torch.bool, device=dev)) if full else masks(N, lengths, dev)
+
+    def shifted(rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``(θ - c, c [b, N])`` in float64 (a copy) for some examples, -inf on the arcs that do not
+        exist (every example full: the diagonal and column 0), c the max of every column."""
+        out = (x if rows is None else x[rows]).to(torch.float64, copy=True)
+        if valid is None:
+            out.diagonal(dim1=-2, dim2=-1).fill_(-math.inf)
+            out.select(2, 0).fill_(-math.inf)
+        else:
+            out.masked_fill_(~(valid if rows is None else valid[rows]), -math.inf)
+        c = out[:, :, 1:].amax(1).nan_to_num_(neginf=0.0)  # padding words and words without heads (-inf)
+        out[:, :, 1:].sub_(c[:, None, :])
+        return out, c
+
+    if fast:
+        if marginals:
+            logW, c = shifted()
+            z, mu, ok = cert.marginals(logW.exp_(), real, single_root)
+        elif _matrix_tree_c is not None and valid is None and N <= _SMALL and x.device.type == "cpu":
+            (z, ok), mu, c = _small_log_partition(x, single_root), None, None
+        else:
+            Wt, root, c = _word_weights(x, valid)
+            (z, ok), mu = cert.log_partition(Wt, root, None if valid is None else real, single_root), None
+        logZ = z if c is None else z.add_(c.sum(1))
+        if bool(ok.all()):
+            if info is not None:
+                info["method"] = ["fast"] * B
+            return logZ, mu
+        rows = (~ok).nonzero().squeeze(1)
+        method = ["fast" if o else "" for o in ok.tolist()]
+    else:
+        logZ = x.new_zeros(B, dtype=torch.float64)
+        mu = x.new_zeros(B, N1, N1, dtype=torch.float64) if marginals else None
+        rows = torch.arange(B, device=dev)
+        method = [""] * B
+    sub: dict = {}
+    logW, c = shifted(rows if fast else None)
+    z, m = solve(logW, real[rows], single_root, False, sub)
+    logZ[rows] = z + c.sum(1)
+    if mu is not None:
+        mu[rows] = m
+    for i, name in zip(rows.tolist(), sub["method"]):
+        method[i] = name
+    if info is not None:
+        info["method"] = method
+    return logZ, mu
+
+
+def _small_log_partition(x: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    """``(log Z [B], ok [B])`` of full-length examples on CPU by the C extension
+    (``_matrix_tree_c.c``): the subtraction-free elimination one word at a time, exact at any scale
+    (no certificate needed); not ok where a pivot underflows or no tree exists."""
+    t = x.to(torch.float64).contiguous()
+    logZ = t.new_empty(t.shape[0])
+    ok = torch.empty(t.shape[0], dtype=torch.uint8)
+    _matrix_tree_c.log_partition(t.numpy(), t.shape[0], t.shape[1], single_root, logZ.numpy(), ok.numpy())
+    return logZ, ok.bool()
+
+
+def _word_weights(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(Wt [B, n, n], root [B, n], c [B, n])``: the column-shifted weights of the arcs between
+    words, transposed (``Wt[b, m, h]`` = ``exp(θ[b, h, m] - c[b, m])``: each word's heads
+    contiguous), and of the root's arcs, in float64, 0 where an arc does not exist (``valid``
+    False; None: the diagonal); ``c`` each word's max score (0 without a head)."""
+    B, N1, _ = x.shape
+    Wt = torch.empty(B, N1 - 1, N1 - 1, dtype=torch.float64, device=x.device)
+    Wt.copy_(x[:, 1:, 1:].mT)
+    root = x[:, 0, 1:].to(torch.float64, copy=True)
+    if valid is None:
+        Wt.diagonal(dim1=-2, dim2=-1).fill_(-math.inf)
+    else:
+        Wt.masked_fill_(~valid[:, 1:, 1:].mT, -math.inf)
+        root.masked_fill_(~valid[:, 0, 1:], -math.inf)
+    c = torch.maximum(Wt.amax(2), root).nan_to_num_(neginf=0.0)
+    Wt.sub_(c[:, :, None]).exp_()
+    root.sub_(c).exp_()
+    return Wt, root, c
