@@ -27,7 +27,7 @@ from benchmarks.chain import B, N, loop_argmax, loop_marginals, _loop_log_partit
 from benchmarks.common import setup
 from semiring.semirings import _LogDot
 from structures import LinearChainCRF
-from structures.distribution import check_shape
+from structures.validation import check_shape
 
 
 class FusedLogScan(torch.autograd.Function):

@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from .alignment import AlignmentCRF
+from .base import Distribution
 from .chain import LinearChainCRF
 from .constituency import ConstituencyCRF
 from .ctc import CTC
@@ -17,6 +18,6 @@ from .second_order import SecondOrderDependencyCRF
 from .semimarkov import SemiMarkovCRF
 
 __all__ = [
-    "AlignmentCRF", "CTC", "ConstituencyCRF", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "PCFG", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
+    "AlignmentCRF", "CTC", "ConstituencyCRF", "Distribution", "EmissionCRF", "HMM", "HMMParameters", "HopChainCRF", "LinearChainCRF", "NonProjectiveDependencyCRF", "PCFG", "ProjectiveDependencyCRF", "SecondOrderDependencyCRF", "SemiMarkovCRF",
     "StructuredDistribution", "TDPCFG", "__version__",
 ]

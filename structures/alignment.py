@@ -7,7 +7,8 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import Lengths, StructuredDistribution
+from .distribution import StructuredDistribution
+from .validation import Lengths
 
 # A path through the table from (0, 0) to (n-1, m-1); every cell it visits adds its score.
 _ONE_TO_MANY = """

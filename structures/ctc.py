@@ -10,7 +10,8 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import StructuredDistribution, check_integers, check_shape
+from .distribution import StructuredDistribution
+from .validation import check_integers, check_shape
 
 
 class CTC(StructuredDistribution):

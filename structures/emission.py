@@ -7,7 +7,8 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import StructuredDistribution, check_shape, check_tags
+from .distribution import StructuredDistribution
+from .validation import check_shape, check_tags
 
 
 class EmissionCRF(StructuredDistribution):

@@ -24,8 +24,8 @@ from torch import Tensor
 
 import semiring as sr
 
-from .distribution import check_shape
 from .emission import EmissionCRF
+from .validation import check_shape
 
 
 class HMM(EmissionCRF):

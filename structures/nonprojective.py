@@ -1,12 +1,12 @@
 """The non-projective dependency CRF: the matrix-tree theorem, exactly (Koo et al. 2007; the
 structured attention of Bisk & Tran 2018 and Liu & Lapata 2018).
 
-Not a dynamic program: the class registers one algorithm per semiring (see :meth:`run`). Its
-numerics live beside it: log Z and marginals exactly at any score scale in
-:mod:`structures._tree_partition` (over :mod:`structures._certified` and
-:mod:`structures._matrix_tree`), their derivatives in :mod:`structures._tree_autograd`, the number of
-trees in :mod:`structures._tree_count`; the best, k best and sampled trees in
-:mod:`structures.decode`.
+Not a dynamic program: the class registers one algorithm per semiring (Log, Real, Max, KMax,
+Sampled, Count; :func:`structures.base.algorithm`). Its numerics live beside it: log Z and
+marginals exactly at any score scale in :mod:`structures._tree_partition` (over
+:mod:`structures._certified` and :mod:`structures._matrix_tree`), their derivatives in
+:mod:`structures._tree_autograd`, the number of trees in :mod:`structures._tree_count`; the best,
+k best and sampled trees in :mod:`structures.decode`.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from semiring.semirings import CountSemiring, KMax, LogSemiring, MaxSemiring, Re
 from ._tree_autograd import LogPartition, Marginals
 from ._tree_count import count_trees
 from ._tree_partition import log_partition_and_marginals, masks
+from .base import Distribution, _eager, _inner, algorithm
 from .decode.arborescence import is_tree, kbest_arborescences, max_arborescence
 from .decode.sampling import sample_arborescences
-from .distribution import StructuredDistribution, _eager, _inner
 from .trees import DependencyTrees, arcs
 
 __all__ = ["NonProjectiveDependencyCRF"]
 
 
-class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
+class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
     """A distribution over non-projective dependency trees (spanning arborescences) of ``n`` words.
 
     ``log_potentials[b, h, m]`` (shape ``[B, N+1, N+1]``) scores the arc from head ``h`` to
@@ -42,10 +42,11 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
     an arc. Marginals and one-hot trees have the shape of ``log_potentials``; ``decode()`` gives
     heads ``[B, N]`` (``heads[b, m-1]`` is the head of word m, 0 = root; 0 past each length).
 
-    Algorithms (not a dynamic program: one per semiring, see :meth:`run`): log-partition and
-    marginals by the matrix-tree theorem, exactly at any score scale (module doc); the best and
-    k best trees by Chu-Liu-Edmonds / Camerini et al. (:mod:`structures.decode.arborescence`);
-    exact samples by Wilson's algorithm or sequential conditioning; the number of trees by the
+    Algorithms (not a dynamic program: one registered per semiring, see :attr:`algorithms`):
+    log-partition and marginals by the matrix-tree theorem, exactly at any score scale
+    (:mod:`structures._tree_partition`); the best and k best trees by Chu-Liu-Edmonds / Camerini
+    et al. (:mod:`structures.decode.arborescence`); exact samples by Wilson's algorithm or
+    sequential conditioning (:mod:`structures.decode.sampling`); the number of trees by the
     matrix-tree theorem on the allowed arcs (exact integers below 2**53).
     """
 
@@ -58,30 +59,12 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             raise ValueError(f"log_potentials: expected shape [B, N+1, N+1] with N >= 1 words, got {list(log_potentials.shape)}")
         super().__init__(log_potentials, lengths)
 
-    # ------------------------------------------------------------------ hooks of the base
-
-    def _inputs(self, theta: Tensor, expand: bool = False) -> dict[str, Tensor]:
-        return {self._input: theta}  # no program, no shared scores: the arc scores only
-
-    def _check_lengths(self, lengths: Tensor | None) -> Tensor | None:
-        self._input = "arc"
-        N = self._theta.shape[-1] - 1
-        if lengths is None:
-            return None
-        if not isinstance(lengths, Tensor):
-            lengths = torch.as_tensor(lengths)
-        if (lengths.dim() != 1 or lengths.shape[0] != self._batch or lengths.dtype.is_floating_point
-                or lengths.dtype == torch.bool or lengths.is_complex()):
-            raise ValueError(f"lengths: expected an integer tensor of shape [B] = [{self._batch}], got {lengths.dtype} {tuple(lengths.shape)}")
-        if self._batch and (int(lengths.min()) < 1 or int(lengths.max()) > N):
-            raise ValueError(f"lengths: expected values in 1..{N} (the number of words), got {lengths.tolist()}")
-        return lengths.to(device=self._theta.device, dtype=torch.long)
-
     @property
     def max_length(self) -> int:
         return self._theta.shape[-1] - 1
 
     def _len(self, lengths: Tensor | None, batch: int) -> Tensor:
+        """``lengths`` of ``batch`` rows, every example full length where None."""
         if lengths is None:
             return torch.full((batch,), self.max_length, dtype=torch.long, device=self._theta.device)
         return lengths
@@ -107,62 +90,62 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             return theta._version, None if lengths is None else tuple(lengths.tolist())
         return None
 
-    def _log_partition(self, theta: Tensor, lengths: Tensor | None) -> Tensor:
-        """log Z in float64: from the memo of :meth:`_exact_result` if it holds it, else without the
-        marginals (the certified path needs no inverse for it)."""
+    @algorithm(LogSemiring)
+    def _log_partition(self, semiring: sr.Semiring, theta: Tensor, lengths: Tensor | None) -> Tensor:
+        """``[B]``: log Z by the matrix-tree theorem; its gradient is the exact marginals (twice
+        differentiable), computed with log Z where θ requires grad (the backward will want them: one
+        factorization for both), else only if the backward asks (log Z alone needs no inverse)."""
+        full = self._len(lengths, theta.shape[0])
+        if theta.requires_grad and torch.is_grad_enabled():
+            res = self._exact_result(theta, lengths)
+            return LogPartition.apply(theta, res[0], lambda: (*res, full), self.single_root)
         key = self._memo_key(theta, lengths) if self._cache else None
-        if key in self._cache:
-            return self._cache[key][0]
-        return log_partition_and_marginals(theta, lengths, self.single_root, marginals=False)[0]
+        log_z = self._cache[key][0] if key in self._cache else \
+            log_partition_and_marginals(theta, lengths, self.single_root, marginals=False)[0]
+        return LogPartition.apply(theta, log_z, lambda: (*self._exact_result(theta, lengths), full), self.single_root)
 
-    @_eager
-    def run(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
-        """The structure in ``semiring``: ``[*components, B]``.
+    @algorithm(RealSemiring)
+    def _partition(self, semiring: sr.Semiring, theta: Tensor, lengths: Tensor | None) -> Tensor:
+        """``[B]``: Z = exp(log Z)."""
+        return self._log_partition(sr.Log, theta, lengths).exp()
 
-        * ``Log``: log Z by the matrix-tree theorem (gradient: exact marginals, twice differentiable);
-        * ``Real``: Z = exp(log Z);
-        * ``Max``: ⟨θ, best tree⟩ (gradient: the tree);
-        * ``KMax(k)``: ``[k, B]``, ⟨θ, j-th best tree⟩ (-inf past the number of trees);
-        * ``Sampled``: ⟨θ, an exact sample⟩ (gradient: the sample), one per row;
-        * ``Count``: the number of trees of finite score (float64).
-        """
-        theta = self._theta if theta is None else theta
-        raw_lengths = self._lengths if lengths is None else lengths
-        lengths = self._len(raw_lengths, theta.shape[0])
-        if isinstance(semiring, SampledSemiring):
-            U, copies = theta.shape[0], 1
-            base = self._theta.detach()
-            if U > self._batch and U % self._batch == 0 and theta.shape[1:] == base.shape[1:]:
-                k = U // self._batch  # the base class samples k copies of the batch: solve it once
-                if torch.equal(theta.detach().view(k, *base.shape), base.expand(k, *base.shape)) and torch.equal(
-                        lengths.view(k, -1), self.lengths.expand(k, -1)):
-                    U, copies = self._batch, k
-            heads = sample_arborescences(theta[:U], lengths[:U], self.single_root, copies, generator=semiring.generator)
-            return self._score_trees(theta, heads, lengths)
-        if isinstance(semiring, MaxSemiring):
-            heads = max_arborescence(theta.detach(), lengths, self.single_root)
-            score = self._score_trees(theta, heads, lengths)
-            if self.single_root:  # where no single-root tree has a finite score, the best found has several root children
-                words = torch.arange(heads.shape[-1], device=heads.device) < lengths[:, None]
-                score = score.masked_fill(((heads == 0) & words).sum(-1) != 1, -math.inf)
-            return score
-        if isinstance(semiring, KMax):
-            heads, _ = kbest_arborescences(theta.detach(), semiring.k, lengths, self.single_root)
-            vals = self._score_trees(theta, heads.clamp_min(0), lengths)
-            return vals.masked_fill((heads < 0).any(-1), -math.inf)
-        if isinstance(semiring, LogSemiring):
-            if theta.requires_grad and torch.is_grad_enabled():  # the backward will want μ: one factorization for both
-                res = self._exact_result(theta, raw_lengths)
-                return LogPartition.apply(theta, res[0], lambda: (*res, lengths), self.single_root)
-            return LogPartition.apply(theta, self._log_partition(theta, raw_lengths),
-                                       lambda: (*self._exact_result(theta, raw_lengths), lengths), self.single_root)
-        if isinstance(semiring, CountSemiring):
-            return count_trees(theta, lengths, self.single_root)
-        if isinstance(semiring, RealSemiring):
-            return self.run(sr.Log, theta, lengths).exp()
-        raise NotImplementedError(
-            f"{type(self).__name__}: no algorithm for the {semiring} semiring (non-projective trees are not a "
-            "dynamic program; available: Log, Real, Max, KMax, Sampled, Count; expectations via expected_score)")
+    @algorithm(MaxSemiring)
+    def _best(self, semiring: sr.Semiring, theta: Tensor, lengths: Tensor | None) -> Tensor:
+        """``[B]``: ⟨θ, best tree⟩ (Chu-Liu-Edmonds; gradient: the tree)."""
+        lengths = self._len(lengths, theta.shape[0])
+        heads = max_arborescence(theta.detach(), lengths, self.single_root)
+        score = self._score_trees(theta, heads, lengths)
+        if self.single_root:  # where no single-root tree has a finite score, the best found has several root children
+            words = torch.arange(heads.shape[-1], device=heads.device) < lengths[:, None]
+            score = score.masked_fill(((heads == 0) & words).sum(-1) != 1, -math.inf)
+        return score
+
+    @algorithm(KMax)
+    def _k_best(self, semiring: KMax, theta: Tensor, lengths: Tensor | None) -> Tensor:
+        """``[k, B]``: ⟨θ, j-th best tree⟩ (Camerini et al.; -inf past the number of trees)."""
+        lengths = self._len(lengths, theta.shape[0])
+        heads, _ = kbest_arborescences(theta.detach(), semiring.k, lengths, self.single_root)
+        vals = self._score_trees(theta, heads.clamp_min(0), lengths)
+        return vals.masked_fill((heads < 0).any(-1), -math.inf)
+
+    @algorithm(SampledSemiring)
+    def _sampled(self, semiring: SampledSemiring, theta: Tensor, lengths: Tensor | None) -> Tensor:
+        """``[rows]``: ⟨θ, an exact sample⟩ per row (gradient: the sample)."""
+        lengths = self._len(lengths, theta.shape[0])
+        U, copies = theta.shape[0], 1
+        base = self._theta.detach()
+        if U > self._batch and U % self._batch == 0 and theta.shape[1:] == base.shape[1:]:
+            k = U // self._batch  # sample() asks for k copies of the batch: solve it once
+            if torch.equal(theta.detach().view(k, *base.shape), base.expand(k, *base.shape)) and torch.equal(
+                    lengths.view(k, -1), self.lengths.expand(k, -1)):
+                U, copies = self._batch, k
+        heads = sample_arborescences(theta[:U], lengths[:U], self.single_root, copies, generator=semiring.generator)
+        return self._score_trees(theta, heads, lengths)
+
+    @algorithm(CountSemiring)
+    def _count(self, semiring: sr.Semiring, theta: Tensor, lengths: Tensor | None) -> Tensor:
+        """``[B]`` float64: the number of trees of finite score."""
+        return count_trees(theta, self._len(lengths, theta.shape[0]), self.single_root)
 
     def _score_trees(self, theta: Tensor, heads: Tensor, lengths: Tensor) -> Tensor:
         """``[..., B]``: ⟨θ, tree⟩ for heads ``[..., B, N]`` (differentiable: the gradient is the tree)."""
@@ -181,10 +164,8 @@ class NonProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
             return Marginals.apply(self._theta, mu, self.lengths, self.single_root, certified)
         return mu.to(self._theta.dtype) if mu.dtype != self._theta.dtype else mu.clone()
 
-    def _expected(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
+    def _expectation(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
         """E_p⟨v, z⟩ = ⟨μ(θ), v⟩ (its gradient w.r.t. θ is the Hessian-vector product H v)."""
-        if v.shape != theta.shape:
-            raise ValueError(f"v: expected shape {list(theta.shape)} (that of log_potentials), got {list(v.shape)}")
         lengths = self._len(self._lengths, theta.shape[0])
         if theta.requires_grad:
             mu = self._derivative(self.run(sr.Log, theta), theta, create_graph=True)

@@ -34,7 +34,8 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import StructuredDistribution, check_shape
+from .distribution import StructuredDistribution
+from .validation import check_shape
 
 # The chart's label dimension is K = max(NT, T, R), not NT or T: the rules read it through the charts
 # P (preterminals), C (nonterminals) and H (ranks), so that its size need not match the rules'.

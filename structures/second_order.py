@@ -8,8 +8,9 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import StructuredDistribution, check_shape
+from .distribution import StructuredDistribution
 from .trees import DependencyTrees
+from .validation import check_shape
 
 # Eisner's spans (projective.py) where a head takes its modifiers on each side from the inside out:
 # the first, closest one by arc[h, m] alone, each later one m by arc[h, m] * sib[h, s, m] with s the

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .distribution import check_shape
 from .optional import require
+from .validation import check_shape
 
 
 def arcs(heads: Tensor, lengths: Tensor, n1: int, dtype: torch.dtype) -> Tensor:

@@ -121,5 +121,5 @@ def test_inductor_compiled_layer_equals_eager(name):
 @pytest.mark.parametrize("name", list(STRUCTURED))
 def test_compiled_structured_layer_trains_like_eager(name, backend):
     """The whole layer compiled: its dynamic program runs eagerly inside (a graph break, see
-    ``structures.distribution._eager``), the rest is compiled; outputs and gradients as eager."""
+    ``structures.base._eager``), the rest is compiled; outputs and gradients as eager."""
     check_compiled_like_eager(STRUCTURED[name], backend)

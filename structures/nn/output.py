@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from ..distribution import StructuredDistribution
+from ..base import Distribution
 
 
 class AttentionOutput(NamedTuple):
@@ -22,4 +22,4 @@ class AttentionOutput(NamedTuple):
 
     context: Tensor
     attention: Tensor
-    distribution: StructuredDistribution | None = None
+    distribution: Distribution | None = None

@@ -1,0 +1,405 @@
+"""The distribution every structure is: validation and the API, answered by per-semiring algorithms.
+
+A structure is a Gibbs distribution ``p(z) ∝ exp⟨θ, z⟩`` over the one-hot *parts* ``z`` of its
+structures, ``θ = log_potentials`` (batch first). :class:`Distribution` checks what it is given
+(potentials, lengths, values given to ``log_prob``, sample shapes, which distributions ``kl`` may
+compare) and answers every query from the structure's algorithms in a few semirings and their
+gradients:
+
+=====================  ==================================================================
+``log_partition``      Log                                            ``[B]``
+``marginals``          ∂ log Z / ∂θ (differentiable: second order works)  ``[B, *parts]``
+``argmax``, ``max``    Max and its gradient                           ``[B, *parts]``, ``[B]``
+``topk(k)``            KMax(k) and the gradient of each of the k scores  ``[k, B, *parts]``
+``sample(shape)``      Sampled: the gradient of a sample's score is the sample  ``[*shape, B, *parts]``
+``count``              Count                                          ``[B]``
+``entropy``, ``kl``    H = log Z − ⟨θ, μ⟩; KL(p‖q) = log Z_q − log Z_p + ⟨θ_p − θ_q, μ_p⟩
+=====================  ==================================================================
+
+A structure that is a dynamic program runs its program in any semiring
+(:class:`structures.StructuredDistribution`); one that is not registers one algorithm per
+semiring with :func:`algorithm` (:class:`structures.NonProjectiveDependencyCRF`).
+
+Potentials of ``-inf`` forbid parts (constraints); with nothing left, ``log Z = -inf``, marginals
+are 0 and no result is NaN. float16/bfloat16 potentials are computed in float32 and results
+returned in the input dtype. Inputs are never modified.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Callable, ClassVar, Mapping, Sequence, TypeVar
+
+import torch
+from torch import Tensor
+
+import semiring as sr
+
+from .validation import Lengths, check_lengths, check_sample_shape, check_shape
+
+# The structures' algorithms run eagerly inside a compiled model (a graph break): their marginals
+# are a gradient taken inside the forward, and AOTAutograd supports no double backward through it.
+_eager = torch.compiler.disable
+
+Method = TypeVar("Method", bound=Callable)
+
+
+def algorithm(*semirings: type[sr.Semiring]) -> Callable[[Method], Method]:
+    """Register the decorated method as its structure's algorithm in instances of the ``semirings``
+    classes (and of their subclasses that have none of their own):
+    ``method(self, semiring, theta [rows, *parts], lengths) -> [*components, rows]``, where
+    ``lengths`` may be None (every example at its longest). Its value must have the gradient the
+    semiring promises (``⟨θ, best structure⟩`` for Max, ``⟨θ, a sample⟩`` for Sampled, ...)."""
+    def register(method: Method) -> Method:
+        method._semirings = semirings
+        return method
+    return register
+
+
+def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
+    """⟨θ, μ⟩ over the last ``dims`` dimensions, with 0 · (-inf) = 0 (forbidden parts have μ = 0)."""
+    prod = theta.masked_fill(~torch.isfinite(theta), 0.0) * mu
+    out = prod.flatten(-dims).sum(-1) if dims else prod
+    hit = ((mu > 0) & torch.isneginf(theta)).flatten(-dims).any(-1)
+    return out.masked_fill(hit, -math.inf)
+
+
+class Distribution(torch.distributions.Distribution):
+    """Base class of every structure, a ``torch.distributions.Distribution``: ``batch_shape [B]``,
+    ``event_shape`` the parts' shape, ``mean`` the marginals, ``mode`` the argmax, ``entropy()``,
+    and ``torch.distributions.kl_divergence(p, q)`` (= ``p.kl(q)``).
+
+    A subclass sets ``shape`` (the potentials' shape, e.g. ``"B, N, N"``) and ``max_length``,
+    registers its algorithms (:func:`algorithm`: Log, Max, KMax, Sampled and Count give every query
+    but ``expected_score``, which is ``_expectation``; or it overrides :meth:`run`), and may override
+    ``decode``, ``to_parts`` (from the decoded form), ``enumerate_support``, ``_support_flags`` and
+    ``__init__`` for its own constructors."""
+
+    shape: ClassVar[str]
+    algorithms: ClassVar[Mapping[type[sr.Semiring], str]] = {}  # semiring class -> method name (see algorithm)
+    arg_constraints: ClassVar[dict] = {}  # the constructors check their arguments themselves
+    every_decoded_value_is_a_structure: ClassVar[bool] = False  # (tags of a chain): log_prob need not check them
+    _input: str = "log_potentials"  # the name of the potentials among the scores (see _inputs)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        table = dict(cls.algorithms)
+        for name, member in vars(cls).items():
+            table.update({kind: name for kind in getattr(member, "_semirings", ())})
+        cls.algorithms = table
+
+    def __init__(self, log_potentials: Tensor, lengths: Lengths = None):
+        check_shape("log_potentials", log_potentials, self.shape)
+        self.log_potentials = log_potentials
+        self.dtype = log_potentials.dtype
+        self._theta = log_potentials.to(self._compute_dtype(log_potentials.dtype))
+        self._batch = log_potentials.shape[0]
+        self._lengths = self._check_lengths(lengths)
+        super().__init__(torch.Size([self._batch]), log_potentials.shape[1:])  # validate_args: torch's default
+
+    def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype the queries compute in for potentials of ``dtype`` (float16/bfloat16: float32)."""
+        return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+    def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
+        """Validate ``lengths`` (``ValueError`` naming it): one length per example in
+        ``1..max_length``; ``None`` means every example is full length."""
+        return check_lengths(lengths, self._batch, 1, self.max_length, self._theta.device)
+
+    @property
+    def max_length(self) -> int:
+        """The length of a full example (the default of ``lengths``)."""
+        raise NotImplementedError(f"{type(self).__name__} sets no max_length")
+
+    @property
+    def lengths(self) -> Tensor | dict[str, Tensor]:
+        """``[B]``: each example's length (the default is the longest the potentials allow)."""
+        if self._lengths is not None:
+            return self._lengths
+        return torch.full((self._batch,), self.max_length, dtype=torch.long, device=self._theta.device)
+
+    @property
+    def _part_dims(self) -> int:
+        return self._theta.dim() - 1
+
+    def _inputs(self, theta: Tensor, expand: bool = False) -> dict[str, Tensor]:
+        """Every score table by name for potentials ``theta``: the potentials (a subclass with
+        shared scores adds them, ``expand``-ed to the batch)."""
+        return {self._input: theta}
+
+    # ------------------------------------------------------------------ the algorithms
+
+    @_eager
+    def run(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None) -> Tensor:
+        """The structure in ``semiring``: ``[*components, B]``, by its algorithm registered for the
+        semiring's class (see :attr:`algorithms`). Given potentials ``theta`` (a query
+        differentiating by them, possibly k copies of the batch with ``lengths`` to match), the
+        value is a function of them."""
+        for kind in type(semiring).__mro__:
+            if kind in self.algorithms:
+                theta = self._theta if theta is None else theta
+                lengths = self._lengths if lengths is None else lengths
+                return getattr(self, self.algorithms[kind])(semiring, theta, lengths)
+        available = ", ".join(kind.__name__ for kind in self.algorithms)
+        raise NotImplementedError(f"{type(self).__name__}: no algorithm for the {semiring} semiring "
+                                  f"(available: {available}; expectations via expected_score)")
+
+    def _out(self, t: Tensor) -> Tensor:
+        return t.to(self.dtype) if t.dtype.is_floating_point and t.dtype != torch.float64 else t
+
+    @_eager
+    def _grad(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None):
+        """(value, ∂ value / ∂θ) of the structure in ``semiring``, θ detached."""
+        with torch.enable_grad():  # these queries are gradients, also under torch.no_grad()
+            x = (self._theta if theta is None else theta).detach().requires_grad_()
+            value = self.run(semiring, x, lengths)
+            return value.detach(), self._derivative(value, x)
+
+    def _derivative(self, value: Tensor, x: Tensor, **grad_options) -> Tensor:
+        """∂ Σ value / ∂x per example: 0 for an example with no structure left (a value of -inf,
+        whatever path the algorithm took to it) and everywhere when no part exists (nothing to read)."""
+        if not value.requires_grad:
+            return torch.zeros_like(x)
+        (g,) = torch.autograd.grad(value.sum(), x, **grad_options)
+        finite = torch.isfinite(value).reshape(-1, *[1] * self._part_dims)
+        return torch.where(finite, g, 0.0)  # not `if finite.all()`: that would wait for the device
+
+    # ------------------------------------------------------------------ queries
+
+    @cached_property
+    def log_partition(self) -> Tensor:
+        """``[B]``: log Σ_z exp⟨θ, z⟩."""
+        return self._out(self.run(sr.Log))
+
+    @cached_property
+    def partition(self) -> Tensor:
+        return self.log_partition.exp()
+
+    @cached_property
+    def marginals(self) -> Tensor:
+        """``[B, *parts]``: p(part in z). Differentiable w.r.t. the potentials (second order works)."""
+        return self._out(self._marginals_exact())
+
+    @_eager
+    def _marginals_exact(self) -> Tensor:
+        """The marginals, the gradient of log Z (differentiable when θ requires grad)."""
+        if self._theta.requires_grad and torch.is_grad_enabled():
+            return self._derivative(self.run(sr.Log), self._theta, create_graph=True)
+        return self._grad(sr.Log)[1]
+
+    @cached_property
+    def shared_marginals(self) -> dict[str, Tensor]:
+        """``{name: [B, *shape]}``: the expected use of every shared score by a structure (∂ log Z by
+        it, per example), as ``marginals`` is of the potentials; ``{}`` without shared scores."""
+        return {n: self._out(m) for n, m in self._expected_counts().items() if n != self._input}
+
+    @cached_property
+    def max(self) -> Tensor:
+        """``[B]``: the best score max_z ⟨θ, z⟩."""
+        return self._out(self.run(sr.Max))
+
+    @cached_property
+    def argmax(self) -> Tensor:
+        """``[B, *parts]``: the one-hot parts of a best structure (0 where no structure remains)."""
+        return self._out(self._grad(sr.Max)[1])
+
+    def topk(self, k: int) -> Tensor:
+        """``[k, B, *parts]``: the k best structures, best first (slots past the count are 0)."""
+        with torch.enable_grad():
+            x = self._theta.detach().requires_grad_()
+            scores = self.run(sr.KMax(k), x)
+            rows = [self._derivative(scores[j], x, retain_graph=j + 1 < k) for j in range(k)]
+        return self._out(torch.stack(rows))
+
+    def topk_scores(self, k: int) -> Tensor:
+        """``[k, B]``: the k best scores (``-inf`` past the count)."""
+        return self._out(self.run(sr.KMax(k)))
+
+    def sample(self, sample_shape: Sequence[int] = (), generator: torch.Generator | None = None) -> Tensor:
+        """``[*sample_shape, B, *parts]``: exact, independent samples (one-hot parts), drawn with
+        ``generator`` (a ``torch.Generator`` on the potentials' device; default: torch's global one)."""
+        shape = check_sample_shape(sample_shape)
+        theta = self._theta.detach()
+        n = shape.numel()
+        if n == 0:
+            return self._out(theta.new_zeros(*shape, *theta.shape))
+        many = theta.unsqueeze(0).expand(n, *theta.shape).reshape(n * self._batch, *theta.shape[1:])
+        _, g = self._grad(sr.SampledSemiring(generator), many, _repeat(self._lengths, n))
+        return self._out(g.reshape(*shape, *theta.shape))
+
+    def to_parts(self, value: Tensor) -> Tensor:
+        """The one-hot parts of a structure given in its decoded form (see ``decode``)."""
+        raise NotImplementedError(f"{type(self).__name__} takes values as one-hot parts only")
+
+    def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:
+        """How often structures given as one-hot parts ``[..., B, *parts]`` use each shared score:
+        ``{name: [..., B, *shape]}`` (``{}``: no shared scores)."""
+        return {}
+
+    def score(self, value: Tensor) -> Tensor:
+        """``[..., B]``: the score of structures ``z`` (one-hot parts, or the decoded form): ⟨θ, z⟩,
+        plus the shared scores they use."""
+        parts = value if value.dtype.is_floating_point else self.to_parts(value)
+        if parts.shape[-self._theta.dim():] != self._theta.shape:
+            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, self._theta.shape))}], got {list(parts.shape)}")
+        parts = parts.to(self._theta.dtype)
+        total = _inner(self._theta, parts, self._part_dims)
+        inputs = self._inputs(self._theta, expand=True)
+        for name, counts in self.shared_counts(parts).items():
+            total = total + _inner(inputs[name], counts.to(self._theta.dtype), inputs[name].dim() - 1)
+        return total
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        """``[..., B]``: log p(z) for structures ``z`` (one-hot parts, or the decoded form); -inf for a
+        structure of score -inf and, while ``validate_args`` holds (torch's default), for a value that
+        is not a structure of the example (``is_structure``)."""
+        score = self.score(value)
+        out = (score - self.run(sr.Log)).masked_fill(torch.isneginf(score), -math.inf)
+        if self._validate_args and (value.dtype.is_floating_point or not self.every_decoded_value_is_a_structure):
+            out = out.masked_fill(~self.is_structure(value if value.dtype.is_floating_point else self.to_parts(value)), -math.inf)
+        return self._out(out)
+
+    def is_structure(self, parts: Tensor) -> Tensor:
+        """``[..., B]`` bool: whether one-hot parts ``[..., B, *parts]`` are a structure of each
+        example, at its lengths, whatever its potentials (shared scores of -inf still forbid what
+        they forbid: they are constraints of the structure): the parts are 0 or 1, and the best
+        structure that uses only parts the value has has as many parts as the value (one Max run
+        with every part of the value scored 1, the others -inf)."""
+        theta = self._theta
+        if parts.shape[-theta.dim():] != theta.shape:
+            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, theta.shape))}], got {list(parts.shape)}")
+        lead = parts.shape[: parts.dim() - theta.dim()]
+        copies = math.prod(lead)
+        flat = parts.detach().reshape(copies * self._batch, *theta.shape[1:]).to(torch.float64)
+        binary = ((flat == 0) | (flat == 1)).flatten(1).all(1)
+        allowed = torch.zeros_like(flat).masked_fill(flat == 0, -math.inf) + flat
+        best = self._max_within(allowed, _repeat(self._lengths, copies))
+        return (binary & (best == flat.flatten(1).sum(1))).reshape(*lead, self._batch)
+
+    def _max_within(self, allowed: Tensor, lengths: Tensor | dict[str, Tensor] | None) -> Tensor:
+        """``[rows]``: the best ⟨allowed, z⟩ over the structures (under the structure's own
+        constraints) for potentials ``allowed`` of k copies of the batch."""
+        return self.run(sr.Max, allowed, lengths)
+
+    def entropy(self) -> Tensor:
+        """``[B]``: H(p) = log Z − ⟨θ, μ⟩ (0 where no structure remains: p and μ are 0)."""
+        return self._entropy
+
+    @cached_property
+    def _entropy(self) -> Tensor:
+        return self._out(self._cross_entropy(self, self._expected_counts()))
+
+    @property
+    def mean(self) -> Tensor:
+        """``[B, *parts]``: E[z], the marginals."""
+        return self.marginals
+
+    @property
+    def mode(self) -> Tensor:
+        """``[B, *parts]``: a most probable structure, the argmax."""
+        return self.argmax
+
+    @property
+    def variance(self) -> Tensor:
+        """``[B, *parts]``: the variance of each part's 0/1 indicator, μ (1 − μ)."""
+        return self.marginals * (1 - self.marginals)
+
+    def cross_entropy(self, q: "Distribution") -> Tensor:
+        """``[B]``: −E_p[log q(z)] = log Z_q − ⟨θ_q, μ_p⟩ (``+inf`` where p puts mass q forbids,
+        also where q's support is smaller: single root against several root children)."""
+        self._check_same(q)
+        return self._out(self._cross_entropy(q, self._expected_counts()))
+
+    def kl(self, q: "Distribution") -> Tensor:
+        """``[B]``: KL(p‖q) = log Z_q − log Z_p + ⟨θ_p − θ_q, μ_p⟩."""
+        self._check_same(q)
+        mu = self._expected_counts()
+        return self._out(self._cross_entropy(q, mu) - self._cross_entropy(self, mu))
+
+    def _cross_entropy(self, q: "Distribution", mu: dict[str, Tensor]) -> Tensor:
+        """log Z_q − Σ ⟨score_q, μ⟩ over every score table for the expected counts μ of this
+        distribution: ``+inf`` where μ is on a part q forbids, 0 where this distribution has no structure."""
+        inputs = q._inputs(q._theta, expand=True)
+        inner = sum(_inner(inputs[name], m, m.dim() - 1) for name, m in mu.items())
+        out = (q.run(sr.Log) - inner).masked_fill(torch.isneginf(inner), math.inf)
+        if q._support_flags() != self._support_flags():  # e.g. q single root, p not: p's mass outside q's support
+            allowed = torch.zeros_like(self._theta).masked_fill(torch.isneginf(self._theta), -math.inf).detach()
+            out = out.masked_fill(q.run(sr.Count, allowed) < self.count, math.inf)
+        return out.masked_fill(torch.isneginf(self.run(sr.Log)), 0.0)
+
+    def _support_flags(self) -> tuple:
+        """What, besides the potentials, shapes and lengths, decides which structures exist (a
+        dependency CRF's ``single_root``): distributions that differ in it may have different supports."""
+        return ()
+
+    def _data(self) -> dict[str, Tensor]:
+        """The integer data the structures are built from (none here), equal in ``q`` for ``kl``."""
+        return {}
+
+    def _expected_counts(self) -> dict[str, Tensor]:
+        """``{name: [B, *shape]}``: the expected use of every score table (the marginals, for the
+        potentials) — the gradient of log Z, per example; differentiable when θ requires grad."""
+        return {self._input: self._marginals_exact()}
+
+    def expected_score(self, v: Tensor, base: sr.Semiring = sr.SignedLog) -> Tensor:
+        """``[B]``: E_p[⟨v, z⟩] for values ``v [B, *parts]`` of any sign (exact in log space with
+        the default ``base``). Differentiable: its gradient w.r.t. the potentials is the
+        Hessian-vector product H v (H = Cov_p(z)), which is how a loss on the marginals is
+        backpropagated without differentiating the marginals (``marginals_backward``)."""
+        return self._out(self._expected(self._theta, v, base))
+
+    def marginals_backward(self, grad_marginals: Tensor) -> Tensor:
+        """``[B, *parts]``: ∂L/∂θ for a loss L with ``grad_marginals = ∂L/∂μ``, computed as the gradient
+        of ``expected_score(grad_marginals)`` (Kim et al. 2017 §3.3)."""
+        with torch.enable_grad():
+            x = self._theta.detach().requires_grad_()
+            return self._out(self._derivative(self._expected(x, grad_marginals.detach(), sr.SignedLog), x))
+
+    def _expected(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
+        if v.shape != theta.shape:
+            raise ValueError(f"v: expected shape {list(theta.shape)} (that of log_potentials), got {list(v.shape)}")
+        return self._expectation(theta, v, base)
+
+    def _expectation(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
+        """``[B]``: E_p⟨v, z⟩ at potentials ``theta`` (a function of them) for ``v`` of their shape."""
+        raise NotImplementedError(f"{type(self).__name__} has no expected_score")
+
+    def _check_same(self, q: "Distribution") -> None:
+        same = type(q) is type(self) and q._theta.shape == self._theta.shape and _equal(q.lengths, self.lengths)
+        if not same or not _equal(q._data(), self._data()):
+            raise ValueError("q: expected the same kind of structure with potentials of the same shape, the same lengths "
+                             "and the same looked-up data")
+
+    @cached_property
+    def count(self) -> Tensor:
+        """``[B]`` (float64, exact below 2**53): the number of structures of finite score."""
+        return self.run(sr.Count)
+
+    def decode(self) -> Tensor:
+        """The best structure in the structure's own terms (tags, heads, fact ids)."""
+        return self.argmax
+
+    def __repr__(self) -> str:
+        lengths = self.lengths
+        shown = {k: v.tolist() for k, v in lengths.items()} if isinstance(lengths, dict) else lengths.tolist()
+        return f"{type(self).__name__}(log_potentials: {list(self.log_potentials.shape)}, lengths: {shown})"
+
+
+def _repeat(lengths: Tensor | dict[str, Tensor] | None, n: int) -> Tensor | dict[str, Tensor] | None:
+    """Lengths for ``n`` copies of the batch."""
+    if isinstance(lengths, Mapping):
+        return {k: None if v is None else v.repeat(n) for k, v in lengths.items()}
+    return None if lengths is None else lengths.repeat(n)
+
+
+def _equal(a: Tensor | Mapping[str, Tensor], b: Tensor | Mapping[str, Tensor]) -> bool:
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        return isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return torch.equal(a, b)
+
+
+@torch.distributions.kl.register_kl(Distribution, Distribution)
+def _kl_divergence(p: Distribution, q: Distribution) -> Tensor:
+    """``torch.distributions.kl_divergence(p, q)``: ``p.kl(q)``."""
+    return p.kl(q)

@@ -1,0 +1,108 @@
+"""The checks of what a distribution is given: potentials, integer inputs, tags, lengths, sample
+shapes. Each raises ``ValueError`` naming the argument and what was expected. Checks that read
+values (and so synchronise with the device) run only while :func:`validating`."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence, Union
+
+import torch
+from torch import Tensor
+
+Lengths = Union[Tensor, Mapping[str, Tensor], Sequence[Tensor], None]
+
+
+def validating() -> bool:
+    """Whether checks that read values (and so synchronise with the device) run: torch's
+    ``Distribution`` default, on unless ``torch.distributions.Distribution.set_default_validate_args(False)``
+    (a training loop that trusts its inputs). Checks of types and shapes always run."""
+    return torch.distributions.Distribution._validate_args
+
+
+def check_shape(name: str, x: Tensor, spec: str) -> None:
+    """Raise ``ValueError`` unless ``x`` is a floating tensor of shape ``spec`` (e.g. ``"B, N-1, C, C"``):
+    the right rank, and equal sizes wherever ``spec`` repeats a symbol; while :func:`validating`,
+    also unless its values are finite or -inf, and small enough that sums of them cannot overflow."""
+    symbols = [s.strip() for s in spec.split(",")]
+    if not isinstance(x, Tensor):
+        raise ValueError(f"{name}: expected a tensor of shape [{spec}], got {type(x).__name__}")
+    if x.dim() != len(symbols) or any(
+        x.shape[i] != x.shape[symbols.index(s)] for i, s in enumerate(symbols)
+    ):
+        raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
+    if not validating():
+        return
+    # NaN if any is, +inf if any is: one pass, read once
+    low, top = torch.stack(torch.aminmax(x.detach())).tolist() if x.numel() else (0.0, 0.0)
+    if math.isnan(top):
+        raise ValueError(f"{name}: contains NaN")
+    if top == math.inf:
+        raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
+    # a structure's score sums up to one entry per part of an example: beyond this, sums overflow
+    computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # half precision runs in float32
+    limit = torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
+    if low == -math.inf and top > -math.inf:  # the smallest finite entry needs another pass
+        low = x.detach().masked_fill(torch.isneginf(x.detach()), math.inf).amin().item()
+    largest = max(abs(top), abs(low)) if top > -math.inf else 0.0
+    if largest > limit:
+        raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
+                         f"{computed} (at most {limit:.3g} here: rescale, or use float64)")
+
+
+def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int) -> None:
+    """Raise ``ValueError`` unless ``x`` is an integer tensor of ``shape`` with values (while
+    :func:`validating`) in ``lo..hi``."""
+    if not isinstance(x, Tensor) or x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+        raise ValueError(f"{name}: expected an integer tensor of shape {list(shape)}, got {getattr(x, 'dtype', type(x).__name__)}")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(x.shape)}")
+    if not validating():
+        return
+    bad = (x < lo) | (x > hi)
+    if bool(bad.any()):
+        raise ValueError(f"{name}: expected values in {lo}..{hi}, got {x[bad].tolist()}")
+
+
+def check_lengths(lengths: Tensor | Sequence[int] | None, batch: int, lo: int, hi: int,
+                  device: torch.device) -> Tensor | None:
+    """``lengths`` as a long tensor ``[B]`` on ``device`` (``None``: every example at its longest);
+    ``ValueError`` naming ``lengths`` unless they are integers of shape ``[batch]`` with values
+    (while :func:`validating`) in ``lo..hi``."""
+    if lengths is None:
+        return None
+    if not isinstance(lengths, Tensor):
+        lengths = torch.as_tensor(lengths)
+    if (lengths.dim() != 1 or lengths.shape[0] != batch or lengths.dtype.is_floating_point
+            or lengths.dtype == torch.bool or lengths.is_complex()):
+        raise ValueError(f"lengths: expected an integer tensor of shape [B] = [{batch}], got {lengths.dtype} {tuple(lengths.shape)}")
+    if validating() and batch and (int(lengths.min()) < lo or int(lengths.max()) > hi):
+        raise ValueError(f"lengths: expected values in {lo}..{hi}, got {lengths.tolist()}")
+    return lengths.to(device=device, dtype=torch.long)
+
+
+def check_tags(value: Tensor, batch: int, n: int, classes: int, lengths: Tensor) -> Tensor:
+    """Tags ``value [..., B, n]`` with 0 past each example's ``lengths[b]`` (what is there is
+    ignored); ``ValueError`` naming ``value`` unless they are integers of that shape in
+    ``0..classes-1`` within each length."""
+    if value.dim() < 2 or tuple(value.shape[-2:]) != (batch, n) or value.dtype.is_floating_point or value.dtype == torch.bool:
+        raise ValueError(f"value: expected integer tags of shape [..., B, N] = [..., {batch}, {n}], got {value.dtype} {list(value.shape)}")
+    inside = torch.arange(n, device=value.device) < lengths.to(value.device).unsqueeze(-1)  # [B, n]
+    tags = torch.where(inside, value, 0)
+    if bool(((tags < 0) | (tags >= classes)).any()):
+        raise ValueError(f"value: tags must lie in 0..{classes - 1} within each length, got {value[inside.expand_as(value)].unique().tolist()}")
+    return tags
+
+
+def check_sample_shape(sample_shape: int | Sequence[int]) -> torch.Size:
+    """``sample_shape`` as a ``torch.Size``: ``ValueError`` unless it is a size >= 0 or a sequence of them."""
+    sizes = (sample_shape,) if isinstance(sample_shape, int) and not isinstance(sample_shape, bool) else sample_shape
+    try:
+        ok = all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in sizes)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"sample_shape: expected a sequence of sizes >= 0 (e.g. (4,) or torch.Size([2, 3])), got {sample_shape!r}")
+    return torch.Size(sizes)
