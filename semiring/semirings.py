@@ -77,6 +77,12 @@ def _finite_or_zero(t: Tensor) -> Tensor:
     return t.masked_fill(~torch.isfinite(t), 0.0)
 
 
+def _on_host(t: Tensor) -> bool:
+    """Whether a shortcut that depends on ``t``'s values may read them: only on the CPU, where that
+    is free. On another device reading would wait for it, so the general path runs instead."""
+    return t.device.type == "cpu"
+
+
 class _LogSumExp(torch.autograd.Function):
     """logsumexp whose gradient is 0 (not NaN) where every summand is -inf.
 
@@ -131,6 +137,8 @@ def _log_matvec(a: Tensor, b: Tensor) -> Tensor:
     shifts are constants (detached): the value does not depend on them. Plain differentiable ops,
     so gradients of every order follow.
     """
+    if not _on_host(a):
+        return _LogSumExp.apply(a + b, -1)
     low = torch.finfo(a.dtype).min  # a row of -inf stays -inf after the shift: exp 0, r = 0, exact path
     ma = a.detach().amax(-1, keepdim=True).clamp_min(low)
     mb = b.detach().amax(-1, keepdim=True).clamp_min(low)
@@ -162,14 +170,14 @@ class _LogScan(torch.autograd.Function):
     and example (a transition matrix): each step is a matrix product with ``exp(matrix - column
     max)``, computed once; all terms are products of numbers in [0, 1], so the result is exact to
     rounding unless a whole row underflows, which one check at the end detects (then the steps are
-    summed in log space instead). For gradients of gradients (``create_graph=True``) the backward
+    summed in log space instead; off the CPU, where the check would wait for the device, they always are). For gradients of gradients (``create_graph=True``) the backward
     differentiates the plain loop, so every order works."""
 
     @staticmethod
     def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None, differentiated: bool) -> Tensor:
         steps, one_matrix = _scan_shapes(init, xs, unary)
         base = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # the ⊕ of each step, before unary
-        ctx.products = one_matrix and xs.shape[0] == 1 and _LogScan._by_products(ctx, init, xs, unary, base)
+        ctx.products = one_matrix and xs.shape[0] == 1 and _on_host(xs) and _LogScan._by_products(ctx, init, xs, unary, base)
         ctx.weights = None
         if not ctx.products and differentiated and xs.shape[1] == steps > 1 and xs.shape[0] == init.shape[0]:
             _LogScan._by_weights(ctx, init, xs, unary, base)
@@ -300,7 +308,7 @@ class _MaxScan(torch.autograd.Function):
             return _scan_grad(Max, grad, init, xs, unary)
         per_step = xs.shape[1] > 1
         nonzero = grad != 0
-        if bool(nonzero.flatten(1).sum(1).le(1).all()):  # each example's gradient is one best path
+        if _on_host(grad) and bool(nonzero.flatten(1).sum(1).le(1).all()):  # each example's gradient is one best path
             return _MaxScan._path(init, xs, unary, alphas, grad, nonzero, ctx.needs_input_grad[1])
         gx = torch.zeros_like(xs) if per_step else torch.zeros_like(xs[0, 0])
         mats = xs.transpose(-1, -2)  # [.., L, K]
@@ -420,7 +428,7 @@ class _MaxSum(torch.autograd.Function):
         gm = gm.expand(*xm.shape[:-1], 1)
         hit = gm.detach().squeeze(-1) != 0
         out = torch.zeros_like(xm)
-        if int(hit.sum()) * 4 < hit.numel():  # few slices matter: their argmax only
+        if _on_host(hit) and int(hit.sum()) * 4 < hit.numel():  # few slices matter: their argmax only
             where = hit.nonzero(as_tuple=True)
             best = xm[where].argmax(-1, keepdim=True)
             out = out.index_put((*where,), torch.zeros_like(xm[where]).scatter(-1, best, gm[where]))

@@ -18,8 +18,11 @@ LENGTHS = torch.tensor([5, 3])
 HEADS = torch.tensor([[0, 1, 1, 2, 4], [2, 0, 2, 0, 0]])  # example 1: a tree over its 3 words
 
 
-def _poison(x: torch.Tensor, value: float, dim: int) -> torch.Tensor:
-    """``x`` with example 1's positions past its length along ``dim`` set to ``value``."""
+def _poison(x: torch.Tensor, value: float, dim: int | None) -> torch.Tensor:
+    """``x`` with example 1's positions past its length along ``dim`` set to ``value`` (``dim``
+    None: ``x`` has no positions to pad)."""
+    if dim is None:
+        return x
     x = x.clone()
     index = [slice(None)] * x.dim()
     index[0], index[dim] = 1, slice(int(LENGTHS[1]), None)
@@ -28,6 +31,8 @@ def _poison(x: torch.Tensor, value: float, dim: int) -> torch.Tensor:
 
 
 def _cases():
+    """(name, make the layer, call it): ``call(layer, p)`` passes every tensor argument ``x`` as
+    ``p(x, dim)``, ``dim`` its positions' dimension (None: not padded)."""
     g = torch.Generator().manual_seed(0)
 
     def r(*shape):
@@ -36,23 +41,23 @@ def _cases():
     memory, query, states = r(B, N, D), r(B, D), r(B, N, D)
     facts, hop_queries = (r(B, 2, N, D), r(B, 2, N, D)), r(B, 2, D)
     decoder_weights, tree_query = torch.softmax(r(B, N), -1), r(B, N, D)
-    yield "SoftmaxAttention", lambda: snn.SoftmaxAttention(D, D), lambda m, p: m(p(memory, 1), query, LENGTHS)
-    yield "SigmoidAttention", lambda: snn.SigmoidAttention(D, D), lambda m, p: m(p(memory, 1), query, LENGTHS)
-    yield "SegmentationAttention", lambda: snn.SegmentationAttention(D, D), lambda m, p: m(p(memory, 1), query, LENGTHS)
-    yield "MemoryHopAttention", lambda: snn.MemoryHopAttention(), lambda m, p: m(p(facts[0], 2), p(facts[1], 2), query, LENGTHS)
-    yield "HopAttention", lambda: snn.HopAttention(), lambda m, p: m(p(facts[0], 2), p(facts[1], 2), hop_queries, LENGTHS)
-    yield "StructuredSelfAttention", lambda: snn.StructuredSelfAttention(D), lambda m, p: m(p(states, 1), None, LENGTHS)
-    yield "SyntacticAttention", lambda: snn.SyntacticAttention(D, D), lambda m, p: m(p(states, 1), None, LENGTHS)
+    yield "SoftmaxAttention", lambda: snn.SoftmaxAttention(D, D), lambda m, p: m(p(memory, 1), p(query, None), p(LENGTHS, None))
+    yield "SigmoidAttention", lambda: snn.SigmoidAttention(D, D), lambda m, p: m(p(memory, 1), p(query, None), p(LENGTHS, None))
+    yield "SegmentationAttention", lambda: snn.SegmentationAttention(D, D), lambda m, p: m(p(memory, 1), p(query, None), p(LENGTHS, None))
+    yield "MemoryHopAttention", lambda: snn.MemoryHopAttention(), lambda m, p: m(p(facts[0], 2), p(facts[1], 2), p(query, None), p(LENGTHS, None))
+    yield "HopAttention", lambda: snn.HopAttention(), lambda m, p: m(p(facts[0], 2), p(facts[1], 2), p(hop_queries, None), p(LENGTHS, None))
+    yield "StructuredSelfAttention", lambda: snn.StructuredSelfAttention(D), lambda m, p: m(p(states, 1), None, p(LENGTHS, None))
+    yield "SyntacticAttention", lambda: snn.SyntacticAttention(D, D), lambda m, p: m(p(states, 1), None, p(LENGTHS, None))
     yield "SyntacticAttention(structured=False)", lambda: snn.SyntacticAttention(D, D, structured=False), \
-        lambda m, p: m(p(states, 1), None, LENGTHS)
+        lambda m, p: m(p(states, 1), None, p(LENGTHS, None))
     yield "GatedSyntacticContext", lambda: snn.GatedSyntacticContext(D, D), \
-        lambda m, p: m(query, p(memory, 1), p(decoder_weights, 1), LENGTHS)
+        lambda m, p: m(p(query, None), p(memory, 1), p(decoder_weights, 1), p(LENGTHS, None))
     yield "SubtreeAttention", lambda: snn.SubtreeAttention(D, D), \
-        lambda m, p: m(p(memory, 1), p(tree_query, 1), HEADS, LENGTHS, LENGTHS)
-    yield "TreeLSTM", lambda: snn.TreeLSTM(D, D), lambda m, p: m(p(states, 1), HEADS, LENGTHS)
+        lambda m, p: m(p(memory, 1), p(tree_query, 1), p(HEADS, None), p(LENGTHS, None), p(LENGTHS, None))
+    yield "TreeLSTM", lambda: snn.TreeLSTM(D, D), lambda m, p: m(p(states, 1), p(HEADS, None), p(LENGTHS, None))
 
 
-def _flat(out) -> list[torch.Tensor]:
+def flat(out) -> list[torch.Tensor]:
     return [t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, torch.Tensor)]
 
 
@@ -65,8 +70,8 @@ def test_padding_holds_anything_without_effect(case, value):
     _, make, call = case
     torch.manual_seed(0)
     layer = make()
-    clean = _flat(call(layer, lambda x, dim: x))
-    dirty = _flat(call(layer, lambda x, dim: _poison(x, value, dim)))
+    clean = flat(call(layer, lambda x, dim: x))
+    dirty = flat(call(layer, lambda x, dim: _poison(x, value, dim)))
     for a, b in zip(clean, dirty):
         assert not b.isnan().any()
         torch.testing.assert_close(b, a, equal_nan=False)

@@ -216,19 +216,19 @@ class Program:
         semiring.prepare(raw)
         elements = {name: semiring.convert(x) for name, x in zip(self.inputs, raw)}
         elements.update({name: inputs[name] for name in self.lookups})
-        return self.run(semiring, elements, lengths, batch, shapes)
-
-    def run(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes) -> Tensor:
-        """Run on already converted elements ``[*components, B, *shape]`` (differentiate through these)."""
-        if lengths is not None and not isinstance(lengths, Mapping):
-            lengths = {self.syntax.lengths[0]: lengths}
-        plan = self.plan(shapes)
-        for name, top in plan.looked_up.items():
+        for name, top in self.plan(shapes).looked_up.items():
             x = elements[name]
             if x.numel() and bool(((x < 0) | (x > top)).any()):
                 raise ValueError(f"{name}: holds indices, which must lie in 0..{top} (the size of what it indexes), "
                                  f"got {int(x.min())}..{int(x.max())}")
-        return Tape.apply(Run(plan, semiring, list(elements), lengths, batch), *elements.values())
+        return self.run(semiring, elements, lengths, batch, shapes)
+
+    def run(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes) -> Tensor:
+        """Run on already converted elements ``[*components, B, *shape]`` (differentiate through
+        these) and looked-up indices already checked: nothing here reads a value on the host."""
+        if lengths is not None and not isinstance(lengths, Mapping):
+            lengths = {self.syntax.lengths[0]: lengths}
+        return Tape.apply(Run(self.plan(shapes), semiring, list(elements), lengths, batch), *elements.values())
 
 
 def program(text: str) -> Program:

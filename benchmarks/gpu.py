@@ -1,0 +1,118 @@
+"""Every side-by-side benchmark's main row on a CUDA device: ours against the peers, same process,
+same inputs.
+
+    python -m benchmarks.gpu [--repeat 25] [--quick]
+
+The rows reuse the CPU benchmarks' implementations (benchmarks/chain.py, projective.py, ...): their
+inputs are made under ``torch.device("cuda")``, so every tensor they create lives on the GPU. A lap
+is one call followed by ``torch.cuda.synchronize()``, so it counts the kernels' time and the
+launches' (which dominate at these sizes); medians are round-robin as on the CPU
+(benchmarks/common.py). Peak memory is ``torch.cuda.max_memory_allocated`` above the memory in use
+before the call. Prints markdown tables; ``--out`` writes them to a file as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import warnings
+from typing import Callable, Iterator
+
+import torch
+from tqdm import tqdm
+
+from benchmarks import chain, constituency, ctc, nonprojective, pcfg, projective
+from benchmarks.common import fmt_bytes, machine_info, markdown_table, seed_all, time_round_robin
+from structures import NonProjectiveDependencyCRF
+
+Impls = dict[str, Callable[[], object]]
+
+
+def _synchronized(fn: Callable[[], object]) -> Callable[[], object]:
+    def call():
+        out = fn()
+        torch.cuda.synchronize()
+        return out
+    return call
+
+
+def peak_cuda_bytes(fn: Callable[[], object]) -> int:
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak
+
+
+def rows(quick: bool) -> Iterator[tuple[str, Impls]]:
+    """(label, implementations) for each row; inputs are made on the current default device."""
+    for C in (8,) if quick else (8, 32):
+        yield f"chain marginals B={chain.B} N={chain.N} C={C}", {
+            impl: chain.make_chain("marginals", impl, C) for impl in ("ours", "torch-struct", "loop")}
+    for task in ("nll",) if quick else ("nll", "decode"):
+        yield f"CRF {task} B={chain.B} N={chain.N} C={chain.CRF_C} (lengths vary)", {
+            impl: chain.make_crf(task, impl, True) for impl in ("ours (nn.CRF)", "pytorch-crf")}
+    for n in (32,) if quick else (64, 128):
+        theta = torch.randn(projective.B, n + 1, n + 1)
+        yield f"projective marginals B={projective.B} n={n}", {
+            "ours": lambda theta=theta: projective.ours(theta), "torch-struct": lambda theta=theta: projective.torch_struct(theta)}
+    for n in (32,) if quick else (64, 128):
+        theta = torch.randn(nonprojective.B, n + 1, n + 1)
+        x = nonprojective.to_ts(theta)
+        yield f"non-projective marginals B={nonprojective.B} n={n}", {
+            "ours": lambda theta=theta: NonProjectiveDependencyCRF(theta).marginals,
+            "torch-struct": lambda x=x: nonprojective.ts_marginals(x, False)}
+    for n in (20,) if quick else (40, 80):
+        theta = torch.randn(constituency.B, n, n, constituency.L)
+        yield f"constituency marginals B={constituency.B} n={n} L={constituency.L}", {
+            "ours": lambda theta=theta: constituency.ours(theta), "torch-struct": lambda theta=theta: constituency.torch_struct(theta)}
+    for B, N, NT, T in pcfg.SIZES[1:] if quick else pcfg.SIZES:
+        impls = pcfg.implementations("inside", *pcfg.grammar(B, N, NT, T))
+        yield f"PCFG inside B={B} N={N} NT={NT} T={T}", {k: impls[k] for k in ("ours", "torch-struct")}
+    for B, T, V, S in ctc.SIZES[1:] if quick else ctc.SIZES:
+        yield f"CTC loss + gradient B={B} T={T} V={V} S={S}", ctc.implementations(B, T, V, S)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--repeat", type=int, default=25, help="round-robin rounds")
+    p.add_argument("--quick", action="store_true", help="3 rounds, one small size per structure")
+    p.add_argument("--out", help="also write the tables to this markdown file")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("benchmarks.gpu: no CUDA device")
+    warnings.filterwarnings("ignore")
+    seed_all(0)
+    repeat = 3 if args.quick else args.repeat
+    table, memory = [], []
+    with torch.device("cuda"):
+        for label, impls in tqdm(list(rows(args.quick)), desc="gpu"):
+            impls = {name: _synchronized(fn) for name, fn in impls.items()}
+            times = time_round_robin(impls, repeat=repeat, warmup=3, budget_s=60)
+            peaks = {name: peak_cuda_bytes(fn) for name, fn in impls.items()}
+            ours = next(name for name in impls if name.startswith("ours"))
+            for peer in impls:
+                if peer != ours:
+                    table.append([label, f"{times[ours].ms:.2f}", peer, f"{times[peer].ms:.2f}",
+                                  f"**{times[peer].median / times[ours].median:.2f}×**"])
+                    memory.append([label, fmt_bytes(peaks[ours]), peer, fmt_bytes(peaks[peer]), f"{peaks[ours] / max(peaks[peer], 1):.2f}"])
+    info = machine_info() | {"gpu": torch.cuda.get_device_name(), "cuda": str(torch.version.cuda)}
+    text = "\n\n".join([
+        markdown_table(["", ""], [[k, v] for k, v in info.items()]),
+        markdown_table(["benchmark", "ours (ms)", "peer", "peer (ms)", "peer / ours"], table, "lrlrr"),
+        markdown_table(["benchmark", "ours peak", "peer", "peer peak", "ours / peer"], memory, "lrlrr"),
+    ])
+    print(text)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Every structure and layer on a CUDA device: the CPU's answers, on the inputs' device, and no host
+synchronisation while a program runs or differentiates.
+
+Marked ``cuda``; skipped where no CUDA device exists. The CPU run of the same inputs is the oracle
+(the CPU paths are checked against enumeration elsewhere)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from brute import FAMILIES, random_lengths, random_potentials
+from structures import (
+    CTC, HMM, PCFG, TDPCFG, AlignmentCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF,
+)
+from test_nn_padding import CASES as LAYERS, flat
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+CUDA = torch.device("cuda")
+
+
+def _leaves(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(device).requires_grad_() for t in tensors]
+
+
+def _family_builder(family) -> Callable:
+    shape = max(family.shapes, key=lambda s: math.prod(s))
+
+    def build(device: torch.device):
+        g = torch.Generator().manual_seed(11)
+        (theta,) = _leaves(device, random_potentials(shape, 3, g, forbid=0.2))
+        lengths = random_lengths(3, family.max_length(shape), g)
+        return family.cls(theta, lengths.to(device)), [theta]
+    return build
+
+
+def _others() -> dict[str, Callable]:
+    def inputs(device, *shapes):
+        g = torch.Generator().manual_seed(3)
+        return _leaves(device, *(torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes))
+
+    def alignment(device):
+        (theta,) = leaves = inputs(device, (2, 4, 5))
+        lengths = {"n": torch.tensor([4, 2], device=device), "m": torch.tensor([5, 3], device=device)}
+        return AlignmentCRF(theta, lengths), leaves
+
+    def ctc(device):
+        (logits,) = leaves = inputs(device, (2, 9, 4))
+        targets = torch.tensor([[1, 2, 2], [3, 1, 0]], device=device)
+        lengths = torch.tensor([9, 6], device=device), torch.tensor([3, 2], device=device)
+        return CTC(logits.log_softmax(-1), targets, *lengths), leaves
+
+    def hmm(device):
+        emission, transitions, start = leaves = inputs(device, (3, 6), (3, 3), (3,))
+        words = torch.tensor([[0, 5, 2, 2, 1], [4, 3, 0, 0, 0]], device=device)
+        return HMM(words, emission.log_softmax(-1), transitions.log_softmax(-1), start.log_softmax(-1),
+                   torch.tensor([5, 2], device=device)), leaves
+
+    def pcfg(device):
+        leaves = inputs(device, (2, 4, 3), (2, 2, 5, 5), (2, 2))
+        return PCFG(*leaves, torch.tensor([4, 2], device=device)), leaves
+
+    def tdpcfg(device):
+        leaves = inputs(device, (2, 4, 3), (2, 2, 3), (2, 5, 3), (2, 5, 3), (2, 2))
+        return TDPCFG(*leaves, torch.tensor([4, 3], device=device)), leaves
+
+    def second_order(device):
+        leaves = inputs(device, (2, 5, 5), (2, 5, 5, 5))
+        return SecondOrderDependencyCRF(*leaves, torch.tensor([4, 2], device=device)), leaves
+
+    return {"alignment": alignment, "ctc": ctc, "hmm": hmm, "pcfg": pcfg, "tdpcfg": tdpcfg, "second-order": second_order}
+
+
+BUILDERS = {f.name: _family_builder(f) for f in FAMILIES} | _others()
+per_structure = pytest.mark.parametrize("build", BUILDERS.values(), ids=BUILDERS.keys())
+CPU = torch.device("cpu")
+
+
+def _on_cuda(t: torch.Tensor) -> torch.Tensor:
+    assert t.device.type == "cuda", t.device
+    return t.detach().cpu()
+
+
+@per_structure
+def test_every_query_on_cuda_equals_the_cpu(build):
+    (cpu, _), (gpu, _) = build(CPU), build(CUDA)
+    for query in ("log_partition", "marginals", "max", "argmax", "count"):
+        assert_close(_on_cuda(getattr(gpu, query)), getattr(cpu, query).detach(), msg=query)
+    assert_close(_on_cuda(gpu.entropy()), cpu.entropy().detach())
+    # the k best scores; the structures themselves may differ where two tie (a PCFG's left- and
+    # right-branching trees over the same rules do), so each must have its score
+    scores = _on_cuda(gpu.topk_scores(2))
+    assert_close(scores, cpu.topk_scores(2).detach())
+    assert_close(_on_cuda(gpu.log_prob(gpu.topk(2)) + gpu.log_partition), scores)
+    assert_close(_on_cuda(gpu.log_prob(gpu.argmax)), cpu.log_prob(cpu.argmax).detach())
+    assert_close(_on_cuda(gpu.kl(gpu)), cpu.kl(cpu).detach(), atol=1e-9, rtol=0)
+
+
+@per_structure
+def test_first_and_second_derivatives_on_cuda_equal_the_cpu(build):
+    """The gradient of log Z + <w, marginals>: the marginals' backward is the second derivative."""
+    grads = []
+    for device in (CPU, CUDA):
+        d, leaves = build(device)
+        mu = d.marginals
+        w = torch.linspace(-1, 1, mu.numel(), dtype=mu.dtype, device=device).reshape(mu.shape)
+        grads.append(torch.autograd.grad(d.log_partition.sum() + (mu * w).sum(), leaves))
+    for a, b in zip(*grads):
+        assert_close(_on_cuda(b), a)
+
+
+@per_structure
+def test_samples_on_cuda_are_structures_drawn_by_a_cuda_generator(build):
+    d, _ = build(CUDA)
+    g = torch.Generator(device=CUDA).manual_seed(0)
+    samples = d.sample((64,), generator=g)
+    assert samples.device.type == "cuda"
+    possible = torch.isfinite(d.log_partition)  # an example with every structure forbidden has none to draw
+    assert torch.isfinite(d.log_prob(samples)[:, possible]).all()
+    again = d.sample((64,), generator=torch.Generator(device=CUDA).manual_seed(0))
+    assert torch.equal(samples, again)
+
+
+@pytest.mark.parametrize("case", LAYERS, ids=[c[0] for c in LAYERS])
+def test_every_layer_on_cuda_equals_the_cpu(case):
+    _, make, call = case
+    torch.manual_seed(0)
+    layer = make()
+    on_cpu = flat(call(layer, lambda x, dim: x))
+    on_gpu = flat(call(layer.to(CUDA), lambda x, dim: x.to(CUDA)))
+    assert len(on_gpu) == len(on_cpu) > 0
+    for a, b in zip(on_cpu, on_gpu):
+        assert_close(_on_cuda(b), a.detach(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("query", ["log_partition", "marginals", "argmax", "entropy", "sample"])
+def test_no_host_synchronisation_while_a_program_runs_and_differentiates(query, monkeypatch):
+    """With validation off (it reads values, so it must synchronise), building a distribution,
+    running its program and its backward never waits for the device: the second call at a shape
+    (the first builds the plan) runs under torch's sync debug mode set to raise."""
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", False)
+    arc = torch.randn(4, 33, 33, device=CUDA, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([32, 20, 7, 1], device=CUDA)
+
+    def run():
+        d = ProjectiveDependencyCRF(arc, lengths)
+        value = d.sample((2,)) if query == "sample" else getattr(d, query)
+        if value.requires_grad:
+            torch.autograd.grad(value.sum(), arc)
+
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
