@@ -61,6 +61,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
 
     @property
     def max_length(self) -> int:
+        """N, the number of words of a full example."""
         return self._theta.shape[-1] - 1
 
     def _len(self, lengths: Tensor | None, batch: int) -> Tensor:
@@ -100,8 +101,10 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
             res = self._exact_result(theta, lengths)
             return LogPartition.apply(theta, res[0], lambda: (*res, full), self.single_root)
         key = self._memo_key(theta, lengths) if self._cache else None
-        log_z = self._cache[key][0] if key in self._cache else \
-            log_partition_and_marginals(theta, lengths, self.single_root, marginals=False)[0]
+        if key in self._cache:
+            log_z = self._cache[key][0]
+        else:
+            log_z = log_partition_and_marginals(theta, lengths, self.single_root, marginals=False)[0]
         return LogPartition.apply(theta, log_z, lambda: (*self._exact_result(theta, lengths), full), self.single_root)
 
     @algorithm(RealSemiring)
