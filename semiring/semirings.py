@@ -499,7 +499,7 @@ class SampledSemiring(LogSemiring):
 
 
 class RealSemiring(Semiring):
-    """+ / × in linear space. Exact for small problems; underflows on long ones."""
+    """``+`` / × in linear space. Exact for small problems; underflows on long ones."""
 
     name = "Real"
 
