@@ -8,7 +8,10 @@ inputs are made under ``torch.device("cuda")``, so every tensor they create live
 is one call followed by ``torch.cuda.synchronize()``, so it counts the kernels' time and the
 launches' (which dominate at these sizes); medians are round-robin as on the CPU
 (benchmarks/common.py). Peak memory is ``torch.cuda.max_memory_allocated`` above the memory in use
-before the call. Prints markdown tables; ``--out`` writes them to a file as well.
+before the call. A last table captures each call once as a CUDA graph (``torch.cuda.CUDAGraph``,
+inputs fixed, ``validate_args`` off: the checks read values on the host) and times its replays: what a training loop gets that captures the call (or uses
+``torch.cuda.make_graphed_callables``), where the launches, not the kernels, take the time.
+Prints markdown tables; ``--out`` writes them to a file as well.
 """
 
 from __future__ import annotations
@@ -78,6 +81,35 @@ def rows(quick: bool) -> Iterator[tuple[str, Impls]]:
         yield f"CTC loss + gradient B={B} T={T} V={V} S={S}", ctc.implementations(B, T, V, S)
 
 
+def graphed(fn: Callable[[], object]) -> Callable[[], object] | None:
+    """``fn`` captured once as a CUDA graph (its inputs are fixed: what it closes over), then each
+    call a replay; None where the capture fails (an operation that synchronizes or is not
+    capturable)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture stream, as torch.cuda.graphs asks
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = fn()
+    except Exception:  # noqa: BLE001 - reported as "not capturable"
+        torch.cuda.synchronize()
+        return None
+
+    def replay():
+        graph.replay()
+        return out
+    return replay
+
+
+def _same(a, b) -> bool:
+    flat = [(x, y) for x, y in zip(*(o if isinstance(o, (tuple, list)) else (o,) for o in (a, b))) if isinstance(x, torch.Tensor)]
+    return all(torch.allclose(x.float(), y.float(), atol=1e-4, rtol=1e-4) for x, y in flat)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--repeat", type=int, default=25, help="round-robin rounds")
@@ -89,10 +121,10 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore")
     seed_all(0)
     repeat = 3 if args.quick else args.repeat
-    table, memory = [], []
+    table, memory, graphs = [], [], []
     with torch.device("cuda"):
-        for label, impls in tqdm(list(rows(args.quick)), desc="gpu"):
-            impls = {name: _synchronized(fn) for name, fn in impls.items()}
+        for label, calls in tqdm(list(rows(args.quick)), desc="gpu"):
+            impls = {name: _synchronized(fn) for name, fn in calls.items()}
             times = time_round_robin(impls, repeat=repeat, warmup=3, budget_s=60)
             peaks = {name: peak_cuda_bytes(fn) for name, fn in impls.items()}
             ours = next(name for name in impls if name.startswith("ours"))
@@ -101,11 +133,21 @@ def main(argv=None) -> None:
                     table.append([label, f"{times[ours].ms:.2f}", peer, f"{times[peer].ms:.2f}",
                                   f"**{times[peer].median / times[ours].median:.2f}×**"])
                     memory.append([label, fmt_bytes(peaks[ours]), peer, fmt_bytes(peaks[peer]), f"{peaks[ours] / max(peaks[peer], 1):.2f}"])
+            torch.distributions.Distribution.set_default_validate_args(False)  # checks read values: not capturable
+            replays = {name: graphed(fn) for name, fn in calls.items()}
+            ok = {name: r for name, r in replays.items() if r is not None and _same(r(), impls[name]())}
+            replay_times = time_round_robin({k: _synchronized(r) for k, r in ok.items()}, repeat=repeat, warmup=3, budget_s=60) if ok else {}
+            torch.distributions.Distribution.set_default_validate_args(True)
+            for name in impls:
+                got = replay_times.get(name)
+                graphs.append([label, name, f"{times[name].ms:.2f}", f"{got.ms:.2f}" if got else "not capturable",
+                               f"{times[name].median / got.median:.1f}×" if got else ""])
     info = machine_info() | {"gpu": torch.cuda.get_device_name(), "cuda": str(torch.version.cuda)}
     text = "\n\n".join([
         markdown_table(["", ""], [[k, v] for k, v in info.items()]),
         markdown_table(["benchmark", "ours (ms)", "peer", "peer (ms)", "peer / ours"], table, "lrlrr"),
         markdown_table(["benchmark", "ours peak", "peer", "peer peak", "ours / peer"], memory, "lrlrr"),
+        markdown_table(["benchmark", "implementation", "eager (ms)", "CUDA graph replay (ms)", "eager / replay"], graphs, "llrrr"),
     ])
     print(text)
     if args.out:
