@@ -176,3 +176,30 @@ def test_no_host_synchronisation_while_a_program_runs_and_differentiates(build, 
         run()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("build", PROGRAMS.values(), ids=PROGRAMS.keys())
+def test_a_structure_is_captured_by_a_cuda_graph_and_replays_on_new_values(build, monkeypatch):
+    """The recipe of docs/benchmarks.md: with validation off, a query is captured once as a CUDA graph;
+    a replay after new values are written into the same input tensors gives the eager answers."""
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", False)
+    make, leaves = build(CUDA)
+
+    def run():
+        d = make()
+        return d.log_partition, d.marginals
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    with torch.no_grad():
+        for x in leaves:
+            x.mul_(0.5).add_(0.25)
+    graph.replay()
+    for got, expected in zip(captured, run()):
+        assert_close(got, expected.detach())
