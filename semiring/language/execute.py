@@ -94,16 +94,17 @@ class Run:
                 p = sr.times(p, read(v))
         return p.expand(*p.shape[: self.lead], self.batch, *step.L)
 
-    def write(self, buffers: dict[str, Tensor], step: Step, value: Tensor, plus=None) -> None:
-        """The step's items into every layout of its chart (⊕ into them with ``plus`` where earlier
-        steps of the level wrote some)."""
-        plus = plus or self.semiring.plus
+    def write(self, buffers: dict[str, Tensor], step: Step, value: Tensor, plus_=None) -> None:
+        """The step's items into every layout of its chart (⊕ into them where earlier steps of the
+        level wrote some: ``plus_(dst, value)`` in place, else the semiring's ``plus``)."""
         for v in step.heads:
             dst = self.view(buffers[v.source], v)
-            if step.accumulate:
-                dst.copy_(plus(dst, value))
-            else:
+            if not step.accumulate:
                 dst.copy_(value)
+            elif plus_ is not None:
+                plus_(dst, value)
+            else:
+                dst.copy_(self.semiring.plus(dst, value))
 
     def goal_index(self, goal: Tensor) -> int | Tensor:
         """Each example's position in the goal's buffer: its goal at its own lengths (the largest
@@ -432,13 +433,14 @@ def _backward_order(steps: list[Step]) -> list[list[Step]]:
 class _Manual:
     """A step and its vector-Jacobian product written out for one semiring: ``reduce(terms, out)``
     (⊕ over the last dimension, may work in place; into ``out`` where given and of its shape),
+    ``plus_(dst, value)`` (``dst ⊕= value`` in place: rules after the first writing the same items),
     ``weights(terms, item, g, shared)`` (the gradient of each instance); optionally
     ``keeping(terms, out)``, a reduce that also returns what ``reweigh(kept, item, g, shared)``
     turns into the same weights without recomputing the terms. ``direct``: items may be computed
     straight into the chart's buffer (not on forward-mode dual tensors)."""
 
-    def __init__(self, reduce, weights, claim, plus, keeping=None, reweigh=None, direct=True):
-        self.reduce, self.weights, self.claim, self.plus = reduce, weights, claim, plus
+    def __init__(self, reduce, weights, claim, plus_, keeping=None, reweigh=None, direct=True):
+        self.reduce, self.weights, self.claim, self.plus_ = reduce, weights, claim, plus_
         self.keeping, self.reweigh, self.direct = keeping, reweigh, direct
 
     @staticmethod
@@ -488,7 +490,7 @@ class _Manual:
             for v in step.heads[1:]:
                 run.view(buf[v.source], v).copy_(first)
         else:
-            run.write(buf, step, value.expand(*value.shape[: run.lead], run.batch, *step.L), self.plus)
+            run.write(buf, step, value.expand(*value.shape[: run.lead], run.batch, *step.L), self.plus_)
 
     def vjp(self, run: Run, step: Step, buf, grads) -> None:
         form = step.form
@@ -596,10 +598,12 @@ def _claim(run: Run, step: Step, grads, flat: Tensor, item: Tensor) -> None:
         view.masked_fill_(won.expand(view.shape), 0)
 
 
-def _log_plus(dual: bool):
-    return lambda a, b: _logsumexp_(torch.stack(torch.broadcast_tensors(a, b), -1), dual=dual)
+def _log_plus_dual(dst: Tensor, value: Tensor) -> None:
+    """Log ⊕ in place on forward-mode dual tensors (a derivative of 0 where both are -inf)."""
+    dst.copy_(_logsumexp_(torch.stack(torch.broadcast_tensors(dst, value), -1), dual=True))
 
 
-_MANUAL = {LogSemiring: _Manual(_logsumexp_, _softmax_weights, None, _log_plus(False), _logsumexp_keeping, _reweigh),
-           MaxSemiring: _Manual(_amax, _argmax_weights, _claim, torch.maximum)}
-_DUAL = {LogSemiring: _Manual(lambda t, out=None: _logsumexp_(t, dual=True), _softmax_weights, None, _log_plus(True), direct=False)}
+_MANUAL = {LogSemiring: _Manual(_logsumexp_, _softmax_weights, None, lambda dst, v: torch.logaddexp(dst, v, out=dst),
+                                _logsumexp_keeping, _reweigh),
+           MaxSemiring: _Manual(_amax, _argmax_weights, _claim, lambda dst, v: torch.maximum(dst, v, out=dst))}
+_DUAL = {LogSemiring: _Manual(lambda t, out=None: _logsumexp_(t, dual=True), _softmax_weights, None, _log_plus_dual, direct=False)}
