@@ -139,13 +139,16 @@ class Run:
 
     def keepable(self) -> set[int]:
         """The ids of the steps whose Log weights the forward keeps for the backward: the smallest
-        summing steps, up to ``KEEP`` times as many numbers as the charts hold, so that keeping
-        at most doubles the memory of a run (the weights of every step would be O(n^3) to Eisner's
-        O(n^2) charts) and spares the most torch calls per number kept. Found once per plan."""
+        summing steps, up to ``KEEP`` times as many numbers as the charts and the floating inputs
+        hold (what the backward allocates for their gradients anyway), so that keeping at most
+        doubles the memory of a run (the weights of every step would be O(n^3) to Eisner's O(n^2)
+        charts) and spares the most torch calls per number kept. Found once per plan."""
         plan = self.plan
         if plan.keepable is None:
             sizes = sorted((math.prod(st.sizes), id(st)) for steps in plan.fused for st in steps if len(st.K))
-            budget, plan.keepable = KEEP * sum(plan.size[k] for ks in plan.keys.values() for k in ks), set()
+            held = sum(plan.size[k] for ks in plan.keys.values() for k in ks)
+            held += sum(math.prod(shape) for name, shape in plan.shapes.items() if name not in plan.looked_up)
+            budget, plan.keepable = KEEP * held, set()
             for n, i in sizes:
                 budget -= n
                 if budget < 0:
