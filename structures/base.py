@@ -36,7 +36,7 @@ from torch import Tensor
 
 import semiring as sr
 
-from .validation import Lengths, check_lengths, check_sample_shape, check_shape
+from .validation import Lengths, blame_mask, check_lengths, check_sample_shape, check_shape, lengths_of_mask
 
 # The structures' algorithms run eagerly inside a compiled model (a graph break): their marginals
 # are a gradient taken inside the forward, and AOTAutograd supports no double backward through it.
@@ -74,13 +74,21 @@ class Distribution(torch.distributions.Distribution):
     registers its algorithms (:func:`algorithm`: Log, Max, KMax, Sampled and Count give every query
     but ``expected_score``, which is ``_expectation``; or it overrides :meth:`run`), and may override
     ``decode``, ``to_parts`` (from the decoded form), ``enumerate_support``, ``_support_flags`` and
-    ``__init__`` for its own constructors."""
+    ``__init__`` for its own constructors.
+
+    Wherever ``lengths`` is taken, ``mask`` may be given instead (keyword only): a bool tensor
+    ``[B, N]``, True at the positions that exist (a prefix of each row, as pytorch-crf's and SuPar's
+    masks), read as the lengths ``mask.sum(-1)``, ``N`` the longest length. A structure whose
+    potentials put a root symbol first (``mask_root``: the dependency trees) takes SuPar's
+    ``[B, N+1]``, column 0 the root, ignored. A structure with several lengths takes one mask per
+    length, as a dict or tuple like its ``lengths``."""
 
     shape: ClassVar[str]
     algorithms: ClassVar[Mapping[type[sr.Semiring], str]] = {}  # semiring class -> method name (see algorithm)
     arg_constraints: ClassVar[dict] = {}  # the constructors check their arguments themselves
     every_decoded_value_is_a_structure: ClassVar[bool] = False  # (tags of a chain): log_prob need not check them
     _input: str = "log_potentials"  # the name of the potentials among the scores (see _inputs)
+    mask_root: ClassVar[bool] = False  # a mask has a column 0 for the root symbol, ignored (SuPar's dependency masks)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -89,23 +97,57 @@ class Distribution(torch.distributions.Distribution):
             table.update({kind: name for kind in getattr(member, "_semirings", ())})
         cls.algorithms = table
 
-    def __init__(self, log_potentials: Tensor, lengths: Lengths = None):
+    def __init__(self, log_potentials: Tensor, lengths: Lengths = None, *, mask: Lengths = None):
         check_shape("log_potentials", log_potentials, self.shape)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
         self._theta = log_potentials.to(self._compute_dtype(log_potentials.dtype))
         self._batch = log_potentials.shape[0]
-        self._lengths = self._check_lengths(lengths)
+        self._check_sizes()
+        if mask is None:
+            self._lengths = self._check_lengths(lengths)
+        else:
+            try:
+                self._lengths = self._check_lengths(self._mask_lengths(lengths, mask))
+            except ValueError as error:  # a length out of range: the mask's rows
+                raise blame_mask(error) from None
         super().__init__(torch.Size([self._batch]), log_potentials.shape[1:])  # validate_args: torch's default
 
     def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype the queries compute in for potentials of ``dtype`` (float16/bfloat16: float32)."""
         return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
+    def _check_sizes(self) -> None:
+        """Check that the potentials' sizes admit a structure (before the lengths are read)."""
+
     def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
         """Validate ``lengths`` (``ValueError`` naming it): one length per example in
         ``1..max_length``; ``None`` means every example is full length."""
         return check_lengths(lengths, self._batch, 1, self.max_length, self._theta.device)
+
+    def _mask_sizes(self) -> int | dict[str, int]:
+        """The columns of a mask without the root's: the longest length (per length name, for a
+        structure with several)."""
+        return self.max_length
+
+    def _mask_lengths(self, lengths: Lengths, mask: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Lengths:
+        """The lengths ``mask`` implies (see the class docstring); ``ValueError`` naming ``mask``
+        (both names when ``lengths`` is given too)."""
+        sizes = self._mask_sizes()
+        if not isinstance(sizes, Mapping):
+            return lengths_of_mask(lengths, mask, self._batch, sizes, root=self.mask_root)
+        if lengths is not None:
+            lengths_of_mask(lengths, mask, self._batch, 0)  # raises: both given
+        names = list(sizes)
+        if isinstance(mask, (tuple, list)):
+            if len(mask) != len(names):
+                raise ValueError(f"mask: expected {len(names)} masks (for the lengths {names}), got {len(mask)}")
+            mask = dict(zip(names, mask))
+        if not isinstance(mask, Mapping) or not set(mask) <= set(names):
+            got = sorted(mask) if isinstance(mask, Mapping) else type(mask).__name__
+            raise ValueError(f"mask: expected a dict from the lengths {names} to masks [B, size] (or a tuple in that order), got {got}")
+        return {k: lengths_of_mask(None, m, self._batch, sizes[k], names=("lengths", f"mask[{k!r}]"))
+                for k, m in mask.items() if m is not None}
 
     @property
     def max_length(self) -> int:

@@ -45,16 +45,18 @@ class StructuredDistribution(Distribution):
     A program with several lengths (``n`` and ``m``: an alignment of two sequences) takes
     ``lengths`` as a dict from their names to tensors ``[B]``, or as a tuple of tensors in the
     program's order of lengths; a length not given is the largest the shapes allow. ``lengths``
-    then reads back as such a dict."""
+    then reads back as such a dict. ``mask`` (keyword) may replace ``lengths``: one bool mask
+    ``[B, size]`` per length, in the same forms (see :class:`structures.base.Distribution`)."""
 
     program: ClassVar[Program]
     potentials: ClassVar[str | None] = None  # the program input holding the potentials (default: its only input)
 
-    def __init__(self, log_potentials: Tensor, lengths: Lengths = None, shared: dict[str, Tensor] | None = None):
+    def __init__(self, log_potentials: Tensor, lengths: Lengths = None, shared: dict[str, Tensor] | None = None,
+                 *, mask: Lengths = None):
         self._input = self.potentials or self.program.inputs[0]
         self._lookups = {k: v for k, v in (shared or {}).items() if k in self.program.lookups}
         self._shared = {k: v for k, v in (shared or {}).items() if k not in self._lookups}
-        super().__init__(log_potentials, lengths)
+        super().__init__(log_potentials, lengths, mask=mask)
         self._shared = {k: v.to(self._theta.dtype) for k, v in self._shared.items()}
 
     def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
@@ -62,15 +64,9 @@ class StructuredDistribution(Distribution):
         (float16/bfloat16: float32)."""
         return super()._compute_dtype(reduce(torch.promote_types, [v.dtype for v in self._shared.values()], dtype))
 
-    def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
-        """Validate ``lengths`` against the program's lengths (``ValueError`` naming it); ``None``
-        means every example is full length."""
+    def _check_sizes(self) -> None:
+        """The per-example shapes of the program's inputs (``ValueError`` unless they admit a structure)."""
         _, self._shapes = self.program.shapes({self._input: self._theta, **self._shared, **self._lookups})
-        names = self.program.syntax.lengths
-        if isinstance(lengths, (tuple, list)):
-            if len(lengths) != len(names):
-                raise ValueError(f"lengths: expected {len(names)} tensors [B] (for {names}), got {len(lengths)}")
-            lengths = dict(zip(names, lengths))
         try:
             empty = self.program.lengths_allowed(self._shapes).size == 0
         except sr.ProgramError:  # a size 0 can leave an index without bounds
@@ -80,7 +76,21 @@ class StructuredDistribution(Distribution):
         if empty:
             raise ValueError(f"log_potentials: shape {list(self.log_potentials.shape)} (expected [{self.shape}]) "
                              "admits no structure: a size is too small")
+
+    def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
+        """Validate ``lengths`` against the program's lengths (``ValueError`` naming it); ``None``
+        means every example is full length."""
+        names = self.program.syntax.lengths
+        if isinstance(lengths, (tuple, list)):
+            if len(lengths) != len(names):
+                raise ValueError(f"lengths: expected {len(names)} tensors [B] (for {names}), got {len(lengths)}")
+            lengths = dict(zip(names, lengths))
         return self.program.check_lengths(lengths, self._batch, self._shapes, values=validating())
+
+    def _mask_sizes(self) -> int | dict[str, int]:
+        if len(self.program.syntax.lengths) > 1:
+            return {k: hi for k, (_, hi) in self.program.length_ranges(self._shapes).items()}
+        return self.max_length
 
     @property
     def max_length(self) -> int:

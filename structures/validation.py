@@ -1,5 +1,5 @@
-"""The checks of what a distribution is given: potentials, integer inputs, tags, lengths, sample
-shapes. Each raises ``ValueError`` naming the argument and what was expected. Checks that read
+"""The checks of what a distribution is given: potentials, integer inputs, tags, lengths (or the
+masks that imply them), sample shapes. Each raises ``ValueError`` naming the argument and what was expected. Checks that read
 values (and so synchronise with the device) run only while :func:`validating`."""
 
 from __future__ import annotations
@@ -81,6 +81,50 @@ def check_lengths(lengths: Tensor | Sequence[int] | None, batch: int, lo: int, h
     if validating() and batch and (int(lengths.min()) < lo or int(lengths.max()) > hi):
         raise ValueError(f"lengths: expected values in {lo}..{hi}, got {lengths.tolist()}")
     return lengths.to(device=device, dtype=torch.long)
+
+
+def lengths_of_mask(lengths: Tensor | Sequence[int] | None, mask: Tensor | None, batch: int, size: int,
+                    root: bool = False, names: tuple[str, str] = ("lengths", "mask"),
+                    spec: str | None = None) -> Tensor | Sequence[int] | None:
+    """The lengths ``mask`` implies, or ``lengths`` as given when no mask is (they are checked
+    where they are used). ``mask [B, size]`` (``size`` the longest length) is bool, True at the
+    positions that exist: a prefix of each row (pytorch-crf's and SuPar's ``mask``), so its
+    lengths are ``mask.sum(-1)``. With ``root``, the mask is ``[B, size+1]`` and its column 0 a
+    root symbol before the positions (SuPar's dependency masks, which set it False), ignored
+    whatever it holds: the lengths are ``mask[:, 1:].sum(-1)``.
+
+    ``ValueError`` naming both ``names`` when both are given; naming the mask unless it is a bool
+    tensor of that shape (named ``spec`` in the message) and (while :func:`validating`: it reads
+    the values) its rows are prefixes.
+    Without validation nothing here waits for the device."""
+    lengths_name, mask_name = names
+    if mask is None:
+        return lengths
+    if lengths is not None:
+        raise ValueError(f"{lengths_name}, {mask_name}: expected one of them (the lengths a mask implies are "
+                         f"{mask_name}.sum(-1)), got both")
+    spec = spec or ("B, N+1" if root else "B, N")
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (batch, size + root):
+        got = f"{mask.dtype} {list(mask.shape)}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{mask_name}: expected a bool tensor of shape [{spec}] = [{batch}, {size + root}]"
+                         f"{' (column 0 the root)' if root else ''}, got {got}")
+    real = mask[:, 1:] if root else mask
+    if validating() and real.shape[-1] > 1:
+        gaps = real[:, 1:] & ~real[:, :-1]  # a True after a False
+        if bool(gaps.any()):
+            rows = gaps.any(-1).nonzero().flatten().tolist()
+            raise ValueError(f"{mask_name}: expected each row's True entries to be a prefix{' of columns 1..N' if root else ''} "
+                             f"(the positions that exist, then padding), got a False before a True in rows {rows}")
+    return real.sum(-1)
+
+
+def blame_mask(error: ValueError, names: tuple[str, str] = ("lengths", "mask")) -> ValueError:
+    """``error`` about the lengths a mask implied, reworded to name the mask."""
+    lengths_name, mask_name = names
+    text = str(error)
+    if not text.startswith(lengths_name + ":"):
+        return error
+    return ValueError(f"{mask_name} (read as lengths, its True entries per row):{text[len(lengths_name) + 1:]}")
 
 
 def check_tags(value: Tensor, batch: int, n: int, classes: int, lengths: Tensor) -> Tensor:
