@@ -44,16 +44,19 @@ class AlignmentCRF(StructuredDistribution):
       (``log Z = -inf``); with a single column (``M = 1``) ``n`` must be 1.
 
     ``lengths`` is ``{"n": [B] in 1..N, "m": [B] in 1..M}`` or the tuple ``(n, m)`` (each default:
-    the largest). ``decode()`` gives the cells of the best path in order, ``[B, N+M-1, 2]``.
+    the largest). ``mask`` may replace it: ``{"n": [B, N], "m": [B, M]}`` or ``(mask_n, mask_m)``,
+    bool, True at the items of each sequence that exist (a prefix of each row); a mask left out is
+    full. ``decode()`` gives the cells of the best path in order, ``[B, N+M-1, 2]``.
     """
 
     shape = "B, N, M"
 
-    def __init__(self, log_potentials: Tensor, lengths: Lengths = None, kind: str = "many_to_many"):
+    def __init__(self, log_potentials: Tensor, lengths: Lengths = None, kind: str = "many_to_many", *,
+                 mask: Lengths = None):
         if kind not in _PROGRAMS:
             raise ValueError(f"kind: expected one of {sorted(_PROGRAMS)}, got {kind!r}")
         self.kind = kind
-        super().__init__(log_potentials, lengths)
+        super().__init__(log_potentials, lengths, mask=mask)
 
     @property
     def program(self) -> semiring.Program:

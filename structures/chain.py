@@ -8,7 +8,7 @@ from torch import Tensor
 import semiring
 
 from .distribution import StructuredDistribution
-from .validation import check_shape, check_tags
+from .validation import blame_mask, check_lengths, check_shape, check_tags, lengths_of_mask
 
 
 class LinearChainCRF(StructuredDistribution):
@@ -16,8 +16,9 @@ class LinearChainCRF(StructuredDistribution):
 
     ``log_potentials[b, i, y, c]`` (shape ``[B, N-1, C, C]``) scores tag ``y`` at position ``i``
     followed by tag ``c`` at position ``i+1`` ("from" first, "to" second). ``lengths[b]`` in
-    ``1..N`` is the number of tags of example b (default N). Marginals and one-hot structures have
-    the shape of ``log_potentials``; ``decode()`` gives tags ``[B, N]`` (0 past each length).
+    ``1..N`` is the number of tags of example b (default N); or ``mask [B, N]`` (bool, True at
+    each sequence's tags: a prefix). Marginals and one-hot structures have the shape of
+    ``log_potentials``; ``decode()`` gives tags ``[B, N]`` (0 past each length).
 
     Use :meth:`from_emissions` for the emission + transition parameterization of pytorch-crf.
     """
@@ -30,27 +31,30 @@ class LinearChainCRF(StructuredDistribution):
     every_decoded_value_is_a_structure = True  # any tags in range
     shape = "B, N-1, C, C"
 
-    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
-        super().__init__(log_potentials, lengths)
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, *, mask: Tensor | None = None):
+        super().__init__(log_potentials, lengths, mask=mask)
         self._bos = False  # True when tag 0 at position 0 is a start symbol (from_emissions)
         self._emission_parts: tuple[Tensor, Tensor] | None = None  # (emissions with start/end folded in, transitions)
 
     @classmethod
-    def from_torch_struct(cls, log_potentials: Tensor, lengths: Tensor | None = None) -> "LinearChainCRF":
+    def from_torch_struct(cls, log_potentials: Tensor, lengths: Tensor | None = None, *,
+                          mask: Tensor | None = None) -> "LinearChainCRF":
         """The distribution of torch-struct's ``LinearChainCRF(log_potentials, lengths)``, whose
         ``log_potentials [B, N-1, C, C]`` are ``[b, i, to, from]`` (ours: ``[b, i, from, to]``)."""
         check_shape("log_potentials", log_potentials, "B, N-1, C, C")
-        return cls(log_potentials.transpose(-1, -2), lengths)
+        return cls(log_potentials.transpose(-1, -2), lengths, mask=mask)
 
     @classmethod
     def from_emissions(cls, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
-                       end: Tensor | None = None, lengths: Tensor | None = None) -> "LinearChainCRF":
+                       end: Tensor | None = None, lengths: Tensor | None = None, *,
+                       mask: Tensor | None = None) -> "LinearChainCRF":
         """The CRF ``score(tags) = start[t_0] + Σ_i emissions[i, t_i] + Σ_i transitions[t_i, t_{i+1}] + end[t_{n-1}]``.
 
         ``emissions [B, N, C]``, ``transitions [C, C]`` (from, to), ``start [C]``, ``end [C]``,
-        ``lengths [B]`` in ``1..N``. Built as a chain over ``N+1`` positions whose first is a start
-        symbol, so that sequences of length 1 are scored like any other; ``decode()`` and
-        ``to_parts`` speak of the ``N`` real tags.
+        ``lengths [B]`` in ``1..N`` or ``mask [B, N]`` (bool, True at each sequence's tags). Built
+        as a chain over ``N+1`` positions whose first is a start symbol, so that sequences of
+        length 1 are scored like any other; ``decode()`` and ``to_parts`` speak of the ``N`` real
+        tags.
         """
         check_shape("emissions", emissions, "B, N, C")
         B, N, C = emissions.shape
@@ -62,10 +66,10 @@ class LinearChainCRF(StructuredDistribution):
                 check_shape(name, v, "C")
                 if v.shape[0] != C:
                     raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
-        if lengths is not None:
-            lengths = torch.as_tensor(lengths)
-            if lengths.shape != (B,) or lengths.dtype.is_floating_point or (lengths < 1).any() or (lengths > N).any():
-                raise ValueError(f"lengths: expected integers in 1..{N} of shape [B] = [{B}], got {lengths.tolist()}")
+        try:
+            lengths = check_lengths(lengths_of_mask(lengths, mask, B, N), B, 1, N, emissions.device)
+        except ValueError as error:
+            raise (error if mask is None else blame_mask(error)) from None
         # start and end only touch the "to" tag of one position each: fold them into the emissions
         # ([B, N, C]) and build the edge potentials with a single broadcast add.
         em = emissions

@@ -19,7 +19,8 @@ class ConstituencyCRF(StructuredDistribution):
     ``i..j`` (**both ends inclusive**, ``i <= j``) labelled ``l``; entries with ``i > j`` are never
     used. A tree has ``2n - 1`` constituents — every word (``i == j``), every internal node and the
     whole sentence ``0..n-1`` — each with one label, and its score is the sum of their potentials
-    (Stern et al. 2017; Finkel et al. 2008). ``lengths[b]`` in ``1..N`` (default ``N``).
+    (Stern et al. 2017; Finkel et al. 2008). ``lengths[b]`` in ``1..N`` (default ``N``), or
+    ``mask [B, N]`` (bool, True at each sentence's words: a prefix).
 
     Conventions of the peers: torch-struct 0.5 ``TreeCRF`` and SynJax ``TreeCRF`` take the same
     tensor ``[B, N, N, NT]`` (inclusive spans, label last) and define the same distribution. SuPar's

@@ -11,7 +11,7 @@ from torch import Tensor
 import semiring
 
 from .distribution import StructuredDistribution
-from .validation import check_integers, check_shape, validating
+from .validation import blame_mask, check_integers, check_shape, lengths_of_mask, validating
 
 
 class CTC(StructuredDistribution):
@@ -20,7 +20,11 @@ class CTC(StructuredDistribution):
     ``log_probs [B, T, V]`` are the potentials (batch first, unlike ``torch.nn.functional.ctc_loss``):
     ``log_probs[b, t, v]`` scores symbol ``v`` at frame ``t``; ``blank`` (default 0) is the blank.
     ``targets [B, S]`` (integers, ``!= blank`` within each target length), ``input_lengths [B]`` in
-    ``1..T`` (default ``T``) and ``target_lengths [B]`` in ``0..S`` (default ``S``).
+    ``1..T`` (default ``T``) and ``target_lengths [B]`` in ``0..S`` (default ``S``). Each length may
+    be given as a mask instead: ``input_mask [B, T]`` (e.g. an encoder's attention mask) and
+    ``target_mask [B, S]`` (e.g. ``labels >= 0``), bool, True at the frames / target labels that
+    exist, a prefix of each row; the lengths are their ``sum(-1)``. (No ``mask``: CTC has no
+    ``lengths`` argument, and its two lengths count different things.)
 
     An alignment is a frame labelling ``π`` (a symbol per frame, Graves' path) that collapses to the
     targets (merge repeats, then drop blanks); its score is ``Σ_t log_probs[t, π_t]``. **Its parts
@@ -51,7 +55,8 @@ class CTC(StructuredDistribution):
     potentials = "logp"
 
     def __init__(self, log_probs: Tensor, targets: Tensor, input_lengths: Tensor | None = None,
-                 target_lengths: Tensor | None = None, blank: int = 0):
+                 target_lengths: Tensor | None = None, blank: int = 0, *, input_mask: Tensor | None = None,
+                 target_mask: Tensor | None = None):
         check_shape("log_probs", log_probs, "B, T, V")
         B, T, V = log_probs.shape
         if not isinstance(targets, Tensor) or targets.dim() != 2:
@@ -60,10 +65,8 @@ class CTC(StructuredDistribution):
         check_integers("targets", targets, (B, S), 0, V - 1)
         if not 0 <= blank < V:
             raise ValueError(f"blank: expected an index in 0..{V - 1}, got {blank}")
-        if input_lengths is not None:
-            check_integers("input_lengths", input_lengths, (B,), 1, T)
-        if target_lengths is not None:
-            check_integers("target_lengths", target_lengths, (B,), 0, S)
+        input_lengths = _from_mask(input_lengths, input_mask, B, T, "input", 1)
+        target_lengths = _from_mask(target_lengths, target_mask, B, S, "target", 0)
         inside = torch.arange(S, device=targets.device) < (S if target_lengths is None else target_lengths[:, None])
         if validating() and bool((inside & (targets == blank)).any()):
             raise ValueError(f"targets: the blank {blank} appears within a target length")
@@ -130,3 +133,15 @@ class CTC(StructuredDistribution):
         fits = (ext.gather(-1, s.clamp(0, ext.shape[-1] - 1)) == self.symbols(parts)) | (s < 0)
         used = (s.amax(-1) + 1) // 2 == self.target_lengths
         return framed.all(-1) & fits.all(-1) & used
+
+
+def _from_mask(lengths: Tensor | None, mask: Tensor | None, batch: int, size: int, which: str, lo: int) -> Tensor | None:
+    """``{which}_lengths`` as given, or as ``{which}_mask`` implies; checked in ``lo..size``."""
+    names = (f"{which}_lengths", f"{which}_mask")
+    try:
+        lengths = lengths_of_mask(lengths, mask, batch, size, names=names)
+        if lengths is not None:
+            check_integers(names[0], lengths, (batch,), lo, size)
+    except ValueError as error:
+        raise (error if mask is None else blame_mask(error, names)) from None
+    return lengths

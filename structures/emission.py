@@ -19,7 +19,8 @@ class EmissionCRF(StructuredDistribution):
     ``emissions [B, N, C]`` are the potentials: marginals are p(tag at i is c) ``[B, N, C]`` and
     structures are one-hot tags ``[B, N, C]`` (0 past each length). ``transitions [C, C]`` (from,
     to), ``start [C]`` and ``end [C]`` are scores shared by the batch (default 0); gradients reach
-    them through ``log_prob``/``log_partition`` as through the emissions. ``lengths[b]`` in ``1..N``.
+    them through ``log_prob``/``log_partition`` as through the emissions. ``lengths[b]`` in ``1..N``,
+    or ``mask [B, N]`` (bool, True at each sequence's positions: a prefix, as pytorch-crf's).
     ``decode()`` gives tags ``[B, N]`` (0 past each length); ``log_prob`` takes tags or one-hot tags.
 
     Because the transition matrix is shared, each step of the forward algorithm is one matrix
@@ -36,7 +37,7 @@ class EmissionCRF(StructuredDistribution):
     potentials = "emit"
 
     def __init__(self, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
-                 end: Tensor | None = None, lengths: Tensor | None = None):
+                 end: Tensor | None = None, lengths: Tensor | None = None, *, mask: Tensor | None = None):
         check_shape("emissions", emissions, "B, N, C")
         C = emissions.shape[-1]
         check_shape("transitions", transitions, "C, C")
@@ -50,7 +51,7 @@ class EmissionCRF(StructuredDistribution):
             if v.shape[0] != C:
                 raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
             shared[name] = v.unsqueeze(0)
-        super().__init__(emissions, lengths, shared)
+        super().__init__(emissions, lengths, shared, mask=mask)
 
     def decode(self) -> Tensor:
         """``[B, N]`` long: the best tag sequence (0 past each length)."""

@@ -33,20 +33,22 @@ class HMM(EmissionCRF):
 
     ``words [B, N]`` (integers in ``0..V-1``; entries past each length are ignored), ``emission [C, V]``,
     ``transitions [C, C]`` (from, to) and ``start [C]``: log-probabilities (normalization is not
-    checked: unnormalized scores give the same posterior), ``lengths [B]`` in ``1..N``.
+    checked: unnormalized scores give the same posterior), ``lengths [B]`` in ``1..N`` (or
+    ``mask [B, N]``, bool, True at each sequence's words: a prefix).
     The potentials are the emission scores of the words, ``emission[:, words]`` moved to ``[B, N, C]``;
     everything else is :class:`EmissionCRF`'s: ``marginals [B, N, C]`` (forward-backward),
     ``decode()`` (Viterbi) ``[B, N]``, ``sample()`` one-hot states, ``log_prob(states)`` = log p(z | x).
     ``log_partition [B]`` is ``log p(x)`` for normalized parameters.
     """
 
-    def __init__(self, words: Tensor, emission: Tensor, transitions: Tensor, start: Tensor, lengths: Tensor | None = None):
+    def __init__(self, words: Tensor, emission: Tensor, transitions: Tensor, start: Tensor, lengths: Tensor | None = None,
+                 *, mask: Tensor | None = None):
         check_shape("emission", emission, "C, V")
         if not isinstance(words, Tensor) or words.dim() != 2 or words.dtype.is_floating_point or words.dtype == torch.bool:
             raise ValueError(f"words: expected integer word ids of shape [B, N], got {getattr(words, 'dtype', type(words))} "
                              f"{list(getattr(words, 'shape', []))}")
         V = emission.shape[1]
-        super().__init__(emission.t()[words.clamp(0, V - 1)], transitions, start, None, lengths)
+        super().__init__(emission.t()[words.clamp(0, V - 1)], transitions, start, None, lengths, mask=mask)
         self.words = torch.where(self._inside(), words, 0)
         self._vocabulary = V
         if validating() and bool(((self.words < 0) | (self.words >= V)).any()):
@@ -103,9 +105,9 @@ class HMMParameters:
             return (x / total.masked_fill(total == 0, 1)).log()
         return cls(*(normalize(counts[k]) for k in ("start", "transitions", "emission")))
 
-    def posterior(self, words: Tensor, lengths: Tensor | None = None) -> HMM:
-        """The :class:`HMM` posterior over the states of ``words [B, N]``."""
-        return HMM(words, self.emission, self.transitions, self.start, lengths)
+    def posterior(self, words: Tensor, lengths: Tensor | None = None, *, mask: Tensor | None = None) -> HMM:
+        """The :class:`HMM` posterior over the states of ``words [B, N]`` (``lengths`` or ``mask`` as the HMM's)."""
+        return HMM(words, self.emission, self.transitions, self.start, lengths, mask=mask)
 
 
 class Batch(NamedTuple):

@@ -18,8 +18,9 @@ class HopChainCRF(StructuredDistribution):
     after fact ``g`` at hop ``k-1``; hop 0 has no predecessor and reads ``g = 0``. Build it from
     per-hop unary scores θ_k(i) or pairwise scores θ_{k,k+1}(i, j) with :meth:`unary` and
     :meth:`binary`, which take a mask of real facts and the option that no fact is chosen twice in
-    a row. ``decode()`` gives the fact per hop ``[B, K]``; ``hop_marginals`` gives p(z_k = i)
-    ``[B, K, F]``.
+    a row. ``lengths [B]`` in ``1..K`` counts the hops of each example (or ``mask [B, K]``, bool,
+    True at its hops: a prefix; not the facts' ``fact_mask``). ``decode()`` gives the fact per
+    hop ``[B, K]``; ``hop_marginals`` gives p(z_k = i) ``[B, K, F]``.
     """
 
     program = semiring.program("""

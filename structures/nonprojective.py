@@ -36,7 +36,8 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
 
     ``log_potentials[b, h, m]`` (shape ``[B, N+1, N+1]``) scores the arc from head ``h`` to
     modifier ``m``; index 0 is the root symbol, words are ``1..n``. Column 0 (arcs into the root)
-    and the diagonal are never used. ``lengths[b]`` in ``1..N`` is the number of words (default N).
+    and the diagonal are never used. ``lengths[b]`` in ``1..N`` is the number of words (default N);
+    or ``mask [B, N+1]`` (SuPar's): column 0 the root (ignored), then True at each sentence's words.
     ``single_root=True`` lets the root take exactly one child (Koo et al. 2007; Bisk & Tran 2018),
     otherwise any number (Liu & Lapata 2018: root scores on a tree of sentences). ``-inf`` forbids
     an arc. Marginals and one-hot trees have the shape of ``log_potentials``; ``decode()`` gives
@@ -52,12 +53,13 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
 
     shape = "B, N, N"
 
-    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, single_root: bool = False):
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, single_root: bool = False, *,
+                 mask: Tensor | None = None):
         self.single_root = bool(single_root)
         self._cache: dict = {}
         if isinstance(log_potentials, Tensor) and log_potentials.dim() == 3 and log_potentials.shape[-1] < 2:
             raise ValueError(f"log_potentials: expected shape [B, N+1, N+1] with N >= 1 words, got {list(log_potentials.shape)}")
-        super().__init__(log_potentials, lengths)
+        super().__init__(log_potentials, lengths, mask=mask)
 
     @property
     def max_length(self) -> int:

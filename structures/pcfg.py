@@ -85,9 +85,10 @@ def _chart(terms: Tensor, K: int) -> Tensor:
 class _Grammar(StructuredDistribution):
     """What both grammars share: the chart of parts, its tree, decoding."""
 
-    def __init__(self, terms: Tensor, NT: int, K: int, lengths: Tensor | None, shared: dict[str, Tensor]):
+    def __init__(self, terms: Tensor, NT: int, K: int, lengths: Tensor | None, shared: dict[str, Tensor],
+                 mask: Tensor | None = None):
         self.NT, self.T = NT, terms.shape[-1]
-        super().__init__(_chart(terms, K), lengths, shared)
+        super().__init__(_chart(terms, K), lengths, shared, mask=mask)
 
     def _tree(self, parts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Of one-hot charts ``[..., B, N, N, K]``: the nonterminal nodes ``[..., N, N, NT]``
@@ -133,7 +134,7 @@ class PCFG(_Grammar):
     * ``rules [B or 1, NT, NT+T, NT+T]``: ``rules[b, a, x, y]`` scores ``a -> x y`` (children below
       ``NT`` are nonterminals, ``NT + p`` is preterminal ``p``);
     * ``roots [B or 1, NT]``: ``roots[b, a]`` scores ``a`` at the root;
-    * ``lengths [B]`` in ``2..N``.
+    * ``lengths [B]`` in ``2..N``, or ``mask [B, N]`` (bool, True at each sentence's words: a prefix).
 
     The parts are the labelled chart ``[B, N, N, max(NT, T)]`` of the module docstring, so
     ``marginals`` are span and tag posteriors; ``decode()`` gives ``(start, end, symbol)`` spans.
@@ -146,7 +147,8 @@ class PCFG(_Grammar):
     shape = "B, N, N, K"
     potentials = "span"
 
-    def __init__(self, terms: Tensor, rules: Tensor, roots: Tensor, lengths: Tensor | None = None):
+    def __init__(self, terms: Tensor, rules: Tensor, roots: Tensor, lengths: Tensor | None = None, *,
+                 mask: Tensor | None = None):
         check_shape("terms", terms, "B, N, T")
         B, _, T = terms.shape
         check_shape("rules", rules, "B, NT, NT+T, NT+T")
@@ -158,7 +160,7 @@ class PCFG(_Grammar):
                   "tn": (slice(NT, None), slice(None, NT)), "tt": (slice(NT, None), slice(NT, None))}
         self._blocks = blocks
         shared = {name: rules[:, :, x, y] for name, (x, y) in blocks.items()}
-        super().__init__(terms, NT, max(NT, T), lengths, {**shared, "root": roots})
+        super().__init__(terms, NT, max(NT, T), lengths, {**shared, "root": roots}, mask)
 
     def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:
         """Rules used, as the four blocks of ``rules`` (``nn``, ``nt``, ``tn``, ``tt``: which children
@@ -198,7 +200,8 @@ class TDPCFG(_Grammar):
     shape = "B, N, N, K"
     potentials = "span"
 
-    def __init__(self, terms: Tensor, U: Tensor, V: Tensor, W: Tensor, roots: Tensor, lengths: Tensor | None = None):
+    def __init__(self, terms: Tensor, U: Tensor, V: Tensor, W: Tensor, roots: Tensor, lengths: Tensor | None = None,
+                 *, mask: Tensor | None = None):
         check_shape("terms", terms, "B, N, T")
         B, _, T = terms.shape
         specs = {"U": (U, "B, NT, R"), "V": (V, "B, NT+T, R"), "W": (W, "B, NT+T, R"), "roots": (roots, "B, NT")}
@@ -210,7 +213,7 @@ class TDPCFG(_Grammar):
         self.R = R
         self._factors = (U, V, W)
         shared = {"u": U, "vn": V[:, :NT], "vt": V[:, NT:], "wn": W[:, :NT], "wt": W[:, NT:], "root": roots}
-        super().__init__(terms, NT, max(NT, T, R), lengths, shared)
+        super().__init__(terms, NT, max(NT, T, R), lengths, shared, mask)
 
     def rules(self) -> Tensor:
         """``[B or 1, NT, NT+T, NT+T]``: the rule scores the factors define, ``logsumexp_r U + V + W``."""

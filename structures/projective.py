@@ -31,7 +31,8 @@ class ProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
 
     ``log_potentials[b, h, m]`` (shape ``[B, N+1, N+1]``) scores the arc from head ``h`` to
     modifier ``m``; index 0 is the root symbol, words are ``1..n``. Column 0 (arcs into the root)
-    and the diagonal are never used. ``lengths[b]`` in ``1..N`` is the number of words.
+    and the diagonal are never used. ``lengths[b]`` in ``1..N`` is the number of words; or
+    ``mask [B, N+1]`` (SuPar's): column 0 the root (ignored), then True at each sentence's words.
     ``single_root=True`` lets the root take exactly one child; otherwise any number (Kim et al.
     2017, Appendix B). Marginals and one-hot trees have the shape of ``log_potentials``;
     ``decode()`` gives heads ``[B, N]`` (``heads[b, m-1]`` is the head of word m, 0 = root; 0 past
@@ -40,9 +41,10 @@ class ProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
 
     shape = "B, N, N"
 
-    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, single_root: bool = False):
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, single_root: bool = False, *,
+                 mask: Tensor | None = None):
         self.single_root = single_root
-        super().__init__(log_potentials, lengths)
+        super().__init__(log_potentials, lengths, mask=mask)
 
     @property
     def program(self) -> semiring.Program:

@@ -62,7 +62,8 @@ class SecondOrderDependencyCRF(DependencyTrees, StructuredDistribution):
     The arcs are the parts: marginals, argmax, samples and one-hot trees are ``[B, N+1, N+1]`` and
     ``decode()`` gives heads ``[B, N]``. The sibling scores are shared scores: they score every
     tree (``log_prob``, entropy, KL and gradients count them) and ``sibling_marginals``
-    ``[B, N+1, N+1, N+1]`` gives their expected use. ``lengths[b]`` in ``1..N``;
+    ``[B, N+1, N+1, N+1]`` gives their expected use. ``lengths[b]`` in ``1..N`` (or SuPar's
+    ``mask [B, N+1]``: column 0 the root, ignored, then True at the words);
     ``single_root=True`` lets the root take exactly one child.
     """
 
@@ -70,14 +71,14 @@ class SecondOrderDependencyCRF(DependencyTrees, StructuredDistribution):
     potentials = "arc"
 
     def __init__(self, log_potentials: Tensor, siblings: Tensor, lengths: Tensor | None = None,
-                 single_root: bool = False):
+                 single_root: bool = False, *, mask: Tensor | None = None):
         check_shape("log_potentials", log_potentials, self.shape)
         check_shape("siblings", siblings, "B, N, N, N")
         if siblings.shape[:2] != log_potentials.shape[:2]:
             B, n1 = log_potentials.shape[:2]
             raise ValueError(f"siblings: expected shape [B, N+1, N+1, N+1] = [{B}, {n1}, {n1}, {n1}], got {list(siblings.shape)}")
         self.single_root = single_root
-        super().__init__(log_potentials, lengths, {"sib": siblings})
+        super().__init__(log_potentials, lengths, {"sib": siblings}, mask=mask)
 
     @property
     def program(self) -> semiring.Program:

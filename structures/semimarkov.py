@@ -15,7 +15,8 @@ class SemiMarkovCRF(StructuredDistribution):
 
     ``log_potentials[b, j, k-1, y, c]`` (shape ``[B, N, K, C, C]``) scores a segment of length ``k``
     that *ends* at position ``j`` (covers ``j-k+1..j``), labelled ``c``, following a segment labelled
-    ``y``. The first segment has no predecessor and reads ``y = 0``. ``lengths[b]`` in ``1..N``.
+    ``y``. The first segment has no predecessor and reads ``y = 0``. ``lengths[b]`` in ``1..N``
+    (or ``mask [B, N]``, bool, True at each example's positions: a prefix).
     ``decode()`` gives the label of every position ``[B, N]`` (0 past each length, as every structure pads) and
     ``segments()`` the best segmentation as ``(first, last, label)`` triples per example. Values for
     ``log_prob`` are one-hot parts.

@@ -29,7 +29,13 @@ def root_row(arc_scores: Tensor) -> Tensor:
 
 
 class DependencyTrees:
-    """Mixin of the dependency-tree distributions (potentials ``[B, N+1, N+1]``, ``[b, h, m]``)."""
+    """Mixin of the dependency-tree distributions (potentials ``[B, N+1, N+1]``, ``[b, h, m]``).
+
+    Their ``mask`` is SuPar's, over the potentials' ``N+1`` positions: ``[B, N+1]`` bool, column 0
+    the root symbol (ignored: SuPar sets it False, ``tokens != pad`` leaves it True), then True at
+    each sentence's words, a prefix; the lengths are ``mask[:, 1:].sum(-1)``."""
+
+    mask_root = True
 
     @classmethod
     def from_torch_struct(cls, arc_scores: Tensor, *args, **kwargs):
