@@ -97,7 +97,7 @@ def test_padding_is_ignored_whatever_it_holds():
     (lambda c, e, t, m: c(e, t + 5, m), "tags: expected tags in"),
     (lambda c, e, t, m: c(e, t, m.float()), "mask: expected a bool"),
     (lambda c, e, t, m: c(e, t, m[:2]), "mask: expected shape"),
-    (lambda c, e, t, m: c(e, t, m.flip(0)), "mask: the first timestep"),
+    (lambda c, e, t, m: c(e, t, m.flip(0)), "mask: expected each row.s True entries to be a prefix"),
     (lambda c, e, t, m: c(e, t, m, reduction="avg"), "reduction: expected one of"),
 ])
 def test_bad_input_raises_naming_the_argument(call, match):

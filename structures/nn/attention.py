@@ -11,7 +11,8 @@ Every layer scores memory position ``i`` against a query with a bilinear map, ``
 
 Shapes (batch first): ``memory [B, N, D]``; ``query [B, Q]`` (one query per example) or
 ``[B, T, Q]`` (``T`` queries, e.g. every decoder step); ``lengths [B]`` in ``1..N`` (positions
-``>= lengths[b]`` are padding: their weight is exactly 0). ``forward`` returns
+``>= lengths[b]`` are padding: their weight is exactly 0), or ``mask [B, N]`` instead (bool, True
+at the real positions, a prefix of each row: the lengths ``mask.sum(-1)``). ``forward`` returns
 ``AttentionOutput(context [B, (T,) D], attention [B, (T,) N], distribution)``.
 """
 
@@ -21,18 +22,34 @@ import torch
 from torch import Tensor, nn
 
 from ..emission import EmissionCRF
+from ..validation import blame_mask, lengths_of_mask, validating
 from .output import AttentionOutput
 
 
-def check_lengths(lengths: Tensor | None, batch: int, low: int, high: int, device: torch.device) -> Tensor | None:
-    """``lengths`` as a long tensor ``[B]`` with values in ``low..high`` (``ValueError`` naming it), or None."""
-    if lengths is None:
-        return None
-    lengths = torch.as_tensor(lengths, device=device)
-    if lengths.shape != (batch,) or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
-        raise ValueError(f"lengths: expected an integer tensor of shape [B] = [{batch}], got {lengths.dtype} {list(lengths.shape)}")
-    if lengths.numel() and (lengths.min() < low or lengths.max() > high):
-        raise ValueError(f"lengths: expected values in {low}..{high}, got {lengths.tolist()}")
+def check_lengths(lengths: Tensor | None, batch: int, low: int, high: int, device: torch.device,
+                  mask: Tensor | None = None, root: bool = False, name: str = "") -> Tensor | None:
+    """``lengths`` as a long tensor ``[B]`` with values in ``low..high`` (``ValueError`` naming it),
+    or None; every layer's ``lengths`` and ``mask`` go through here. Given ``mask [B, high]``
+    instead (bool, True at the real positions, a prefix of each row), the lengths it implies,
+    ``mask.sum(-1)`` (:func:`structures.validation.lengths_of_mask`); with ``root``, position 0 is
+    a root symbol whose mask entry is ignored (SuPar's masks set it False) and counts in the
+    lengths: ``1 + mask[:, 1:].sum(-1)``. ``name`` prefixes both argument names (``query_``).
+    The checks that read values (the range, the mask's prefixes) run only while validating."""
+    names = (f"{name}lengths", f"{name}mask")
+    try:
+        lengths = lengths_of_mask(lengths, mask, batch, high - root, root=root, names=names,
+                                  spec="B, N" if root else None)
+        if lengths is None:
+            return None
+        if mask is not None and root:
+            lengths = lengths + 1
+        lengths = torch.as_tensor(lengths, device=device)
+        if lengths.shape != (batch,) or lengths.dtype.is_floating_point or lengths.dtype == torch.bool:
+            raise ValueError(f"{names[0]}: expected an integer tensor of shape [B] = [{batch}], got {lengths.dtype} {list(lengths.shape)}")
+        if validating() and lengths.numel() and bool((lengths.min() < low) | (lengths.max() > high)):
+            raise ValueError(f"{names[0]}: expected values in {low}..{high}, got {lengths.tolist()}")
+    except ValueError as error:
+        raise (error if mask is None else blame_mask(error, names)) from None
     return lengths.long()
 
 
@@ -61,11 +78,13 @@ class BilinearAttention(nn.Module):
         self.weight = nn.Parameter(torch.empty(memory_dim, query_dim))
         nn.init.xavier_uniform_(self.weight)
 
-    def forward(self, memory: Tensor, query: Tensor, lengths: Tensor | None = None) -> AttentionOutput:
-        """``memory [B, N, D]``, ``query [B, Q]`` or ``[B, T, Q]``, ``lengths [B]`` in ``1..N``.
-        Returns ``context [B, (T,) D]``, ``attention [B, (T,) N]`` (0 at padding) and the
-        distribution (``None`` unless the subclass has one)."""
-        memory, query, lengths, single = self._check(memory, query, lengths)
+    def forward(self, memory: Tensor, query: Tensor, lengths: Tensor | None = None, *,
+                mask: Tensor | None = None) -> AttentionOutput:
+        """``memory [B, N, D]``, ``query [B, Q]`` or ``[B, T, Q]``, ``lengths [B]`` in ``1..N`` (or
+        ``mask [B, N]``, bool, True at the real positions). Returns ``context [B, (T,) D]``,
+        ``attention [B, (T,) N]`` (0 at padding) and the distribution (``None`` unless the subclass
+        has one)."""
+        memory, query, lengths, single = self._check(memory, query, lengths, mask)
         scores = query @ self.weight.t() @ memory.transpose(-1, -2)  # [B, T, N]
         mask = position_mask(lengths, memory.shape[0], memory.shape[1], memory.device).unsqueeze(1)
         weights, distribution = self.weights(scores, mask, lengths)
@@ -78,7 +97,7 @@ class BilinearAttention(nn.Module):
         """``(weights [B, T, N], distribution or None)`` from ``scores [B, T, N]``; ``mask [B, 1, N]``."""
         raise NotImplementedError
 
-    def _check(self, memory: Tensor, query: Tensor, lengths: Tensor | None):
+    def _check(self, memory: Tensor, query: Tensor, lengths: Tensor | None, mask: Tensor | None = None):
         D, Q = self.weight.shape
         if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[-1] != D:
             raise ValueError(f"memory: expected shape [B, N, D] = [B, N, {D}], got {_shape(memory)}")
@@ -87,7 +106,7 @@ class BilinearAttention(nn.Module):
             raise ValueError("memory: expected at least one position (N >= 1)")
         if not isinstance(query, Tensor) or query.dim() not in (2, 3) or query.shape[0] != B or query.shape[-1] != Q:
             raise ValueError(f"query: expected shape [B, Q] or [B, T, Q] = [{B}, ..., {Q}], got {_shape(query)}")
-        lengths = check_lengths(lengths, B, 1, N, memory.device)
+        lengths = check_lengths(lengths, B, 1, N, memory.device, mask)
         single = query.dim() == 2
         return zero_padding(memory, lengths), query.unsqueeze(1) if single else query, lengths, single
 

@@ -18,8 +18,9 @@ class CRF(nn.Module):
     and ``end_transitions [num_tags]``, initialised uniformly in ``[-0.1, 0.1]``. Tensors are
     ``[seq_len, batch, ...]``, or ``[batch, seq_len, ...]`` with ``batch_first=True``; ``mask``
     (bool or uint8, the shape of ``tags``) marks each sequence's positions, a prefix that includes
-    the first timestep. The score of tags ``t`` is ``start[t_0] + Σ_i emissions[i, t_i] +
-    Σ_i transitions[t_i, t_{i+1}] + end[t_last]``; the distribution is an :class:`EmissionCRF`
+    the first timestep (checked as every structure's ``mask``, see
+    :class:`~structures.base.Distribution`). The score of tags ``t`` is ``start[t_0] +
+    Σ_i emissions[i, t_i] + Σ_i transitions[t_i, t_{i+1}] + end[t_last]``; the distribution is an :class:`EmissionCRF`
     (``distribution``), so marginals, samples and k-best come with it.
     """
 
@@ -44,8 +45,7 @@ class CRF(nn.Module):
     def distribution(self, emissions: Tensor, mask: Tensor | None = None) -> EmissionCRF:
         """The distribution over tag sequences of ``emissions`` (laid out as the layer's tensors)."""
         emissions, mask = self._batch_first("emissions", emissions, mask)
-        lengths = None if mask is None else mask.sum(-1)
-        return EmissionCRF(emissions, self.transitions, self.start_transitions, self.end_transitions, lengths)
+        return EmissionCRF(emissions, self.transitions, self.start_transitions, self.end_transitions, mask=mask)
 
     def forward(self, emissions: Tensor, tags: Tensor, mask: Tensor | None = None, reduction: str = "sum") -> Tensor:
         """The log-likelihood of ``tags`` given ``emissions``: ``[batch]`` with ``reduction="none"``,
@@ -90,11 +90,6 @@ class CRF(nn.Module):
         if not self.batch_first:
             emissions = emissions.transpose(0, 1)
             mask = None if mask is None else mask.transpose(0, 1)
-        if mask is None:
-            return emissions, None
-        mask = mask.bool()
-        if mask.shape[1] and not bool(mask[:, 0].all()):
-            raise ValueError("mask: the first timestep of every sequence must be on")
-        if bool((mask[:, 1:] & ~mask[:, :-1]).any()):
-            raise ValueError("mask: expected each sequence's positions as a prefix (no gaps)")
-        return emissions, mask
+        # the rest of the checks (a prefix of each row, one position at least: the first timestep
+        # on) are every structure's mask checks, in EmissionCRF (the values', while validating)
+        return emissions, None if mask is None else mask.bool()

@@ -25,13 +25,14 @@ from .output import AttentionOutput
 class GatedSyntacticContext(nn.Module):
     """``GatedSyntacticContext(state_dim, annotation_dim, shared=True)``.
 
-    ``forward(state, annotations, weights=None, lengths=None)``:
+    ``forward(state, annotations, weights=None, lengths=None, *, mask=None)``:
 
     - ``state``: the decoder state ``h``, ``[B, H]`` or ``[B, T, H]`` (``T`` decoder steps);
     - ``annotations``: ``M [B, N, A]``, one vector per source word;
     - ``weights``: the decoder's attention weights over the source, ``[B, N]`` or ``[B, T, N]``
       (the shape of ``state`` with ``N`` for ``H``); required when ``shared``, not accepted otherwise;
-    - ``lengths``: ``[B]`` in ``1..N``, the number of source words (padded words get weight 0).
+    - ``lengths``: ``[B]`` in ``1..N``, the number of source words (padded words get weight 0);
+      or ``mask [B, N]`` (bool, True at the real words, a prefix of each row).
 
     Returns ``AttentionOutput(context, attention, None)``: ``context`` the gated syntactic vector
     ``d̂ [B, (T,) A]``, ``attention`` the weights it was built from ``[B, (T,) N]`` (``α`` as
@@ -47,8 +48,8 @@ class GatedSyntacticContext(nn.Module):
             self.bilinear = nn.Linear(annotation_dim, state_dim, bias=False)  # W_m
 
     def forward(self, state: Tensor, annotations: Tensor, weights: Tensor | None = None,
-                lengths: Tensor | None = None) -> AttentionOutput:
-        state, annotations, weights, lengths, single = self._check(state, annotations, weights, lengths)
+                lengths: Tensor | None = None, *, mask: Tensor | None = None) -> AttentionOutput:
+        state, annotations, weights, lengths, single = self._check(state, annotations, weights, lengths, mask)
         B, N = annotations.shape[:2]
         real = position_mask(lengths, B, N, annotations.device).unsqueeze(1)  # [B, 1, N]
         if self.shared:
@@ -61,7 +62,7 @@ class GatedSyntacticContext(nn.Module):
             return AttentionOutput(context.squeeze(1), weights.squeeze(1), None)
         return AttentionOutput(context, weights, None)
 
-    def _check(self, state, annotations, weights, lengths):
+    def _check(self, state, annotations, weights, lengths, mask=None):
         H, A = self.state_dim, self.annotation_dim
         if not isinstance(annotations, Tensor) or annotations.dim() != 3 or annotations.shape[-1] != A or annotations.shape[1] < 1:
             raise ValueError(f"annotations: expected shape [B, N, A] = [B, N >= 1, {A}], got {_shape(annotations)}")
@@ -79,7 +80,7 @@ class GatedSyntacticContext(nn.Module):
                 weights = weights.unsqueeze(1)
         elif weights is not None:
             raise ValueError("weights: not accepted with shared=False (the layer computes its own attention)")
-        lengths = check_lengths(lengths, B, 1, N, annotations.device)
+        lengths = check_lengths(lengths, B, 1, N, annotations.device, mask)
         weights = None if weights is None else zero_padding(weights, lengths, 2)
         return state, zero_padding(annotations, lengths), weights, lengths, single
 

@@ -13,7 +13,8 @@ context ``c = Σ_k Σ_i w_{k,i} o^k_i`` with the weights ``w [B, K, F]`` they ch
   of every hop are given (the paper uses ``q^{k+1} = Q q^k``).
 
 Shapes (batch first): ``inputs [B, K, F, D]`` (``x^k_i``), ``outputs [B, K, F, D]`` (``o^k_i``),
-``lengths [B]`` in ``1..F`` (facts ``>= lengths[b]`` are padding: their weight is exactly 0).
+``lengths [B]`` in ``1..F`` (facts ``>= lengths[b]`` are padding: their weight is exactly 0), or
+``mask [B, F]`` instead (bool, True at the real facts, a prefix of each row).
 ``forward`` returns ``AttentionOutput(context [B, D], attention [B, K, F], distribution)``.
 
 *Linear start* (Sukhbaatar et al. 2015, §4.2; Kim et al. A.4): with ``linear = True`` MemN2N's
@@ -33,7 +34,8 @@ from .attention import _shape, check_lengths, position_mask, zero_padding
 from .output import AttentionOutput
 
 
-def _check_facts(inputs: Tensor, outputs: Tensor, lengths: Tensor | None) -> tuple[Tensor, Tensor, Tensor | None]:
+def _check_facts(inputs: Tensor, outputs: Tensor, lengths: Tensor | None,
+                 mask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Validate ``inputs``/``outputs [B, K, F, D]``: (both with their padded facts 0, ``lengths`` as
     a long tensor or None)."""
     if not isinstance(inputs, Tensor) or inputs.dim() != 4 or 0 in inputs.shape[1:3]:
@@ -41,7 +43,7 @@ def _check_facts(inputs: Tensor, outputs: Tensor, lengths: Tensor | None) -> tup
     if not isinstance(outputs, Tensor) or outputs.shape != inputs.shape:
         raise ValueError(f"outputs: expected shape [B, K, F, D] = {list(inputs.shape)}, got {_shape(outputs)}")
     B, _, F, _ = inputs.shape
-    lengths = check_lengths(lengths, B, 1, F, inputs.device)
+    lengths = check_lengths(lengths, B, 1, F, inputs.device, mask)
     return zero_padding(inputs, lengths, 2), zero_padding(outputs, lengths, 2), lengths
 
 
@@ -64,8 +66,9 @@ class MemoryHopAttention(nn.Module):
         super().__init__()
         self.linear = linear
 
-    def forward(self, inputs: Tensor, outputs: Tensor, query: Tensor, lengths: Tensor | None = None) -> AttentionOutput:
-        inputs, outputs, lengths = _check_facts(inputs, outputs, lengths)
+    def forward(self, inputs: Tensor, outputs: Tensor, query: Tensor, lengths: Tensor | None = None, *,
+                mask: Tensor | None = None) -> AttentionOutput:
+        inputs, outputs, lengths = _check_facts(inputs, outputs, lengths, mask)
         B, K, F, D = inputs.shape
         if not isinstance(query, Tensor) or query.shape != (B, D):
             raise ValueError(f"query: expected shape [B, D] = [{B}, {D}], got {_shape(query)}")
@@ -104,8 +107,9 @@ class HopAttention(nn.Module):
         self.no_repeat = kind == "binary" if no_repeat is None else no_repeat
         self.linear = linear
 
-    def forward(self, inputs: Tensor, outputs: Tensor, queries: Tensor, lengths: Tensor | None = None) -> AttentionOutput:
-        inputs, outputs, lengths = _check_facts(inputs, outputs, lengths)
+    def forward(self, inputs: Tensor, outputs: Tensor, queries: Tensor, lengths: Tensor | None = None, *,
+                mask: Tensor | None = None) -> AttentionOutput:
+        inputs, outputs, lengths = _check_facts(inputs, outputs, lengths, mask)
         B, K, F, D = inputs.shape
         if not isinstance(queries, Tensor) or queries.shape != (B, K, D):
             raise ValueError(f"queries: expected shape [B, K, D] = [{B}, {K}, {D}], got {_shape(queries)}")

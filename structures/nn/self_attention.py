@@ -45,7 +45,9 @@ class StructuredSelfAttention(nn.Module):
     ``StructuredSelfAttention(state_dim, value_dim=None, scores="bilinear", output="parent_children",
     single_root=True, hard=False)``; ``value_dim`` defaults to ``state_dim``.
 
-    ``forward(states [B, N, D], values [B, N, V] = states, lengths [B] in 1..N)`` returns
+    ``forward(states [B, N, D], values [B, N, V] = states, lengths [B] in 1..N)`` (or ``mask [B, N]``
+    instead of ``lengths``: bool, True at the real words, a prefix of each row; the input has no
+    root position, so neither has the mask) returns
     ``AttentionOutput(context, attention, distribution)``:
 
     - ``attention [B, N+1, N+1]``: the arc marginals in the structure's convention,
@@ -97,8 +99,9 @@ class StructuredSelfAttention(nn.Module):
         theta = torch.cat([root.unsqueeze(1), words], 1)  # [B, N+1, N]
         return nn.functional.pad(theta, (1, 0))
 
-    def forward(self, states: Tensor, values: Tensor | None = None, lengths: Tensor | None = None) -> AttentionOutput:
-        states, values, lengths = self._check(states, values, lengths)
+    def forward(self, states: Tensor, values: Tensor | None = None, lengths: Tensor | None = None, *,
+                mask: Tensor | None = None) -> AttentionOutput:
+        states, values, lengths = self._check(states, values, lengths, mask)
         distribution = NonProjectiveDependencyCRF(self.arc_scores(states), lengths, self.single_root)
         attention = distribution.marginals
         if self.hard:
@@ -116,7 +119,7 @@ class StructuredSelfAttention(nn.Module):
         context = torch.tanh(self.update(torch.cat([values, parent, children], -1))) * real  # eq. 18
         return AttentionOutput(context, attention, distribution)
 
-    def _check(self, states: Tensor, values: Tensor | None, lengths: Tensor | None):
+    def _check(self, states: Tensor, values: Tensor | None, lengths: Tensor | None, mask: Tensor | None = None):
         D = self.state_dim
         if not isinstance(states, Tensor) or states.dim() != 3 or states.shape[-1] != D or states.shape[1] < 1:
             got = list(states.shape) if isinstance(states, Tensor) else type(states).__name__
@@ -127,5 +130,5 @@ class StructuredSelfAttention(nn.Module):
         if not isinstance(values, Tensor) or values.dim() != 3 or values.shape != (B, N, self.value_dim):
             got = list(values.shape) if isinstance(values, Tensor) else type(values).__name__
             raise ValueError(f"values: expected shape [B, N, V] = [{B}, {N}, {self.value_dim}], got {got}")
-        lengths = check_lengths(lengths, B, 1, N, states.device)
+        lengths = check_lengths(lengths, B, 1, N, states.device, mask)
         return zero_padding(states, lengths), zero_padding(values, lengths), lengths

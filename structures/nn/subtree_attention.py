@@ -29,7 +29,9 @@ class SubtreeAttention(nn.Module):
     """``SubtreeAttention(memory_dim, query_dim)``.
 
     ``forward(memory [B, N, D], query [B, M, Q], heads [B, M], lengths [B] in 1..N,
-    query_lengths [B] in 1..M)``: ``memory`` the subtree states of ``T^x`` (``lengths``: its
+    query_lengths [B] in 1..M)`` (or, keyword only, ``mask [B, N]`` and ``query_mask [B, M]``
+    instead of the lengths: bool, True at the real words, a prefix of each row): ``memory`` the
+    subtree states of ``T^x`` (``lengths``: its
     words), ``query`` those of ``T^y`` whose dependency tree is ``heads`` (0 = root, words 1..M;
     ``query_lengths``: its words). Returns ``AttentionOutput(context, attention, None)``:
     ``context`` = ``r [B, M, D]`` per node of ``T^y``, ``attention`` = ``α [B, M, N]`` (rows sum
@@ -45,7 +47,8 @@ class SubtreeAttention(nn.Module):
         self.score = nn.Linear(memory_dim, 1, bias=False)  # w_e
 
     def forward(self, memory: Tensor, query: Tensor, heads: Tensor, lengths: Tensor | None = None,
-                query_lengths: Tensor | None = None) -> AttentionOutput:
+                query_lengths: Tensor | None = None, *, mask: Tensor | None = None,
+                query_mask: Tensor | None = None) -> AttentionOutput:
         D = self.memory_dim
         if not isinstance(memory, Tensor) or memory.dim() != 3 or memory.shape[-1] != D or memory.shape[1] < 1:
             raise ValueError(f"memory: expected shape [B, N, D] = [B, N >= 1, {D}], got {_shape(memory)}")
@@ -56,11 +59,8 @@ class SubtreeAttention(nn.Module):
         M = query.shape[1]
         if not isinstance(heads, Tensor) or heads.shape != (B, M):
             raise ValueError(f"heads: expected shape [B, M] = [{B}, {M}] (the query's trees), got {_shape(heads)}")
-        lengths = check_lengths(lengths, B, 1, N, memory.device)
-        try:
-            query_lengths = check_lengths(query_lengths, B, 1, M, memory.device)
-        except ValueError as error:  # name the argument
-            raise ValueError(f"query_{error}") from None
+        lengths = check_lengths(lengths, B, 1, N, memory.device, mask)
+        query_lengths = check_lengths(query_lengths, B, 1, M, memory.device, query_mask, name="query_")
         memory, query = zero_padding(memory, lengths), zero_padding(query, query_lengths)
         trees = tree_levels(heads, query_lengths)
         keys = self.memory_proj(memory)  # W_x h^x: [B, N, D]

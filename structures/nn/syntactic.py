@@ -25,7 +25,9 @@ from .output import AttentionOutput
 class SyntacticAttention(nn.Module):
     """Soft-parent self-attention over a sequence whose position 0 is the root symbol.
 
-    ``forward(states [B, N, D], values [B, N, V] = states, lengths [B] in 2..N)`` returns
+    ``forward(states [B, N, D], values [B, N, V] = states, lengths [B] in 2..N)`` (or ``mask [B, N]``
+    instead of ``lengths``, as SuPar's: bool over the positions, the root's entry at 0 ignored, then
+    True at the real words, a prefix; the lengths are ``1 + mask[:, 1:].sum(-1)``) returns
     ``AttentionOutput(context, attention, distribution)``:
 
     - ``attention [B, N, N]``: ``attention[b, i, j] = p(z_ij = 1)``, the probability that position
@@ -61,8 +63,9 @@ class SyntacticAttention(nn.Module):
         theta = self.score(hidden).squeeze(-1)
         return torch.tanh(theta) if self.bounded else theta
 
-    def forward(self, states: Tensor, values: Tensor | None = None, lengths: Tensor | None = None) -> AttentionOutput:
-        states, values, lengths = self._check(states, values, lengths)
+    def forward(self, states: Tensor, values: Tensor | None = None, lengths: Tensor | None = None, *,
+                mask: Tensor | None = None) -> AttentionOutput:
+        states, values, lengths = self._check(states, values, lengths, mask)
         B, N = states.shape[:2]
         theta = self.arc_scores(states)
         if self.structured:
@@ -88,7 +91,7 @@ class SyntacticAttention(nn.Module):
         low = torch.finfo(theta.dtype).min  # not -inf: an empty column would give NaN gradients
         return torch.softmax(theta.masked_fill(~allowed, low), 1) * allowed
 
-    def _check(self, states: Tensor, values: Tensor | None, lengths: Tensor | None):
+    def _check(self, states: Tensor, values: Tensor | None, lengths: Tensor | None, mask: Tensor | None = None):
         D = self.parent_proj.in_features
         if not isinstance(states, Tensor) or states.dim() != 3 or states.shape[-1] != D:
             got = list(states.shape) if isinstance(states, Tensor) else type(states).__name__
@@ -101,5 +104,5 @@ class SyntacticAttention(nn.Module):
         elif not isinstance(values, Tensor) or values.dim() != 3 or values.shape[:2] != (B, N):
             got = list(values.shape) if isinstance(values, Tensor) else type(values).__name__
             raise ValueError(f"values: expected shape [B, N, V] = [{B}, {N}, V], got {got}")
-        lengths = check_lengths(lengths, B, 2, N, states.device)
+        lengths = check_lengths(lengths, B, 2, N, states.device, mask, root=True)
         return zero_padding(states, lengths), zero_padding(values, lengths), lengths

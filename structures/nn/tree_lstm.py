@@ -90,7 +90,8 @@ class TreeLSTM(nn.Module):
     """Child-sum Tree-LSTM: ``TreeLSTM(input_dim, hidden_dim)``.
 
     ``forward(inputs [B, N, D], heads [B, N], lengths [B] in 1..N) -> TreeStates(hidden [B, N, H],
-    cell [B, N, H], root [B, H])``. ``heads`` are dependency trees (0 = root, words 1..N);
+    cell [B, N, H], root [B, H])``; ``mask [B, N]`` (keyword, bool, True at the real words, a
+    prefix of each row) may replace ``lengths``. ``heads`` are dependency trees (0 = root, words 1..N);
     several children of the root are allowed. An encoder, not an attention layer: it returns the
     subtree states that :class:`~structures.nn.SubtreeAttention` attends over.
     """
@@ -102,11 +103,12 @@ class TreeLSTM(nn.Module):
         self.children_gates = nn.Linear(hidden_dim, 3 * hidden_dim, bias=False)  # U_i, U_o, U_u
         self.child_forget = nn.Linear(hidden_dim, hidden_dim, bias=False)  # U_f
 
-    def forward(self, inputs: Tensor, heads: Tensor, lengths: Tensor | None = None) -> TreeStates:
+    def forward(self, inputs: Tensor, heads: Tensor, lengths: Tensor | None = None, *,
+                mask: Tensor | None = None) -> TreeStates:
         if not isinstance(inputs, Tensor) or inputs.dim() != 3 or inputs.shape[-1] != self.input_dim or inputs.shape[1] < 1:
             raise ValueError(f"inputs: expected shape [B, N, D] = [B, N >= 1, {self.input_dim}], got {_shape(inputs)}")
         B, N = inputs.shape[:2]
-        lengths = check_lengths(lengths, B, 1, N, inputs.device)
+        lengths = check_lengths(lengths, B, 1, N, inputs.device, mask)
         if not isinstance(heads, Tensor) or heads.shape != (B, N):
             raise ValueError(f"heads: expected shape [B, N] = [{B}, {N}], got {_shape(heads)}")
         trees = tree_levels(heads, lengths)
