@@ -274,8 +274,8 @@ def tree_families(name: str, cls: type, trees: Callable[[int], Iterable[list[Par
     ``trees(n)``: the trees over words 1..n as lists of arcs (head, dependent)."""
 
     class SingleRoot(cls):
-        def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
-            super().__init__(log_potentials, lengths, single_root=True)
+        def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, *, mask: Tensor | None = None):
+            super().__init__(log_potentials, lengths, single_root=True, mask=mask)
 
     SingleRoot.__name__ = SingleRoot.__qualname__ = f"SingleRoot{cls.__name__}"
     shapes = tuple((n + 1, n + 1) for n in range(1, 5))
@@ -291,9 +291,9 @@ NONPROJECTIVE, NONPROJECTIVE_SINGLE_ROOT = tree_families("nonprojective", NonPro
 class EmissionsOnly(EmissionCRF):
     """Transitions, start and end 0: a structure's score is ⟨θ, z⟩ over its emissions alone."""
 
-    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, *, mask: Tensor | None = None):
         C = log_potentials.shape[-1]
-        super().__init__(log_potentials, log_potentials.new_zeros(C, C), lengths=lengths)
+        super().__init__(log_potentials, log_potentials.new_zeros(C, C), lengths=lengths, mask=mask)
 
 
 EMISSION = Family(

@@ -30,9 +30,15 @@ def _poison(x: torch.Tensor, value: float, dim: int | None) -> torch.Tensor:
     return x
 
 
+def by_lengths(prefix: str = "") -> dict:
+    """The padding as a layer is told it: ``lengths=`` (``query_lengths=`` with ``prefix``)."""
+    return {f"{prefix}lengths": LENGTHS}
+
+
 def _cases():
-    """(name, make the layer, call it): ``call(layer, p)`` passes every tensor argument ``x`` as
-    ``p(x, dim)``, ``dim`` its positions' dimension (None: not padded)."""
+    """(name, make the layer, call it): ``call(layer, p, padding)`` passes every tensor argument
+    ``x`` as ``p(x, dim)``, ``dim`` its positions' dimension (None: not padded), and the padding as
+    the keyword arguments ``padding(prefix)`` (:func:`by_lengths`, or a mask: tests/test_mask.py)."""
     g = torch.Generator().manual_seed(0)
 
     def r(*shape):
@@ -41,20 +47,20 @@ def _cases():
     memory, query, states = r(B, N, D), r(B, D), r(B, N, D)
     facts, hop_queries = (r(B, 2, N, D), r(B, 2, N, D)), r(B, 2, D)
     decoder_weights, tree_query = torch.softmax(r(B, N), -1), r(B, N, D)
-    yield "SoftmaxAttention", lambda: snn.SoftmaxAttention(D, D), lambda m, p: m(p(memory, 1), p(query, None), p(LENGTHS, None))
-    yield "SigmoidAttention", lambda: snn.SigmoidAttention(D, D), lambda m, p: m(p(memory, 1), p(query, None), p(LENGTHS, None))
-    yield "SegmentationAttention", lambda: snn.SegmentationAttention(D, D), lambda m, p: m(p(memory, 1), p(query, None), p(LENGTHS, None))
-    yield "MemoryHopAttention", lambda: snn.MemoryHopAttention(), lambda m, p: m(p(facts[0], 2), p(facts[1], 2), p(query, None), p(LENGTHS, None))
-    yield "HopAttention", lambda: snn.HopAttention(), lambda m, p: m(p(facts[0], 2), p(facts[1], 2), p(hop_queries, None), p(LENGTHS, None))
-    yield "StructuredSelfAttention", lambda: snn.StructuredSelfAttention(D), lambda m, p: m(p(states, 1), None, p(LENGTHS, None))
-    yield "SyntacticAttention", lambda: snn.SyntacticAttention(D, D), lambda m, p: m(p(states, 1), None, p(LENGTHS, None))
+    yield "SoftmaxAttention", lambda: snn.SoftmaxAttention(D, D), lambda m, p, k: m(p(memory, 1), p(query, None), **k())
+    yield "SigmoidAttention", lambda: snn.SigmoidAttention(D, D), lambda m, p, k: m(p(memory, 1), p(query, None), **k())
+    yield "SegmentationAttention", lambda: snn.SegmentationAttention(D, D), lambda m, p, k: m(p(memory, 1), p(query, None), **k())
+    yield "MemoryHopAttention", lambda: snn.MemoryHopAttention(), lambda m, p, k: m(p(facts[0], 2), p(facts[1], 2), p(query, None), **k())
+    yield "HopAttention", lambda: snn.HopAttention(), lambda m, p, k: m(p(facts[0], 2), p(facts[1], 2), p(hop_queries, None), **k())
+    yield "StructuredSelfAttention", lambda: snn.StructuredSelfAttention(D), lambda m, p, k: m(p(states, 1), None, **k())
+    yield "SyntacticAttention", lambda: snn.SyntacticAttention(D, D), lambda m, p, k: m(p(states, 1), None, **k())
     yield "SyntacticAttention(structured=False)", lambda: snn.SyntacticAttention(D, D, structured=False), \
-        lambda m, p: m(p(states, 1), None, p(LENGTHS, None))
+        lambda m, p, k: m(p(states, 1), None, **k())
     yield "GatedSyntacticContext", lambda: snn.GatedSyntacticContext(D, D), \
-        lambda m, p: m(p(query, None), p(memory, 1), p(decoder_weights, 1), p(LENGTHS, None))
+        lambda m, p, k: m(p(query, None), p(memory, 1), p(decoder_weights, 1), **k())
     yield "SubtreeAttention", lambda: snn.SubtreeAttention(D, D), \
-        lambda m, p: m(p(memory, 1), p(tree_query, 1), p(HEADS, None), p(LENGTHS, None), p(LENGTHS, None))
-    yield "TreeLSTM", lambda: snn.TreeLSTM(D, D), lambda m, p: m(p(states, 1), p(HEADS, None), p(LENGTHS, None))
+        lambda m, p, k: m(p(memory, 1), p(tree_query, 1), p(HEADS, None), **k(), **k("query_"))
+    yield "TreeLSTM", lambda: snn.TreeLSTM(D, D), lambda m, p, k: m(p(states, 1), p(HEADS, None), **k())
 
 
 def flat(out) -> list[torch.Tensor]:
@@ -70,8 +76,8 @@ def test_padding_holds_anything_without_effect(case, value):
     _, make, call = case
     torch.manual_seed(0)
     layer = make()
-    clean = flat(call(layer, lambda x, dim: x))
-    dirty = flat(call(layer, lambda x, dim: _poison(x, value, dim)))
+    clean = flat(call(layer, lambda x, dim: x, by_lengths))
+    dirty = flat(call(layer, lambda x, dim: _poison(x, value, dim), by_lengths))
     for a, b in zip(clean, dirty):
         assert not b.isnan().any()
         torch.testing.assert_close(b, a, equal_nan=False)
