@@ -15,7 +15,7 @@ from torch.testing import assert_close
 
 from brute import FAMILIES, random_lengths, random_potentials
 from structures import CTC, HMM, PCFG, TDPCFG, AlignmentCRF, SecondOrderDependencyCRF
-from test_nn_padding import CASES as LAYERS, flat
+from test_nn_padding import CASES as LAYERS, by_lengths, flat
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -92,6 +92,10 @@ per_structure = pytest.mark.parametrize("build", BUILDERS.values(), ids=BUILDERS
 CPU = torch.device("cpu")
 
 
+def _to_cuda(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: t.to(CUDA) for k, t in tensors.items()}
+
+
 def _on_cuda(t: torch.Tensor) -> torch.Tensor:
     assert t.device.type == "cuda", t.device
     return t.detach().cpu()
@@ -142,8 +146,8 @@ def test_every_layer_on_cuda_equals_the_cpu(case):
     _, make, call = case
     torch.manual_seed(0)
     layer = make()
-    on_cpu = flat(call(layer, lambda x, dim: x))
-    on_gpu = flat(call(layer.to(CUDA), lambda x, dim: x.to(CUDA)))
+    on_cpu = flat(call(layer, lambda x, dim: x, by_lengths))
+    on_gpu = flat(call(layer.to(CUDA), lambda x, dim: x.to(CUDA), lambda prefix="": _to_cuda(by_lengths(prefix))))
     assert len(on_gpu) == len(on_cpu) > 0
     for a, b in zip(on_cpu, on_gpu):
         assert_close(_on_cuda(b), a.detach(), atol=1e-5, rtol=1e-4)

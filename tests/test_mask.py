@@ -264,15 +264,18 @@ def test_without_validation_a_gap_is_taken_as_its_count(validation_off):
     assert torch.equal(_chain(mask=GAP).log_partition, _chain(lengths=GAP.sum(-1)).log_partition)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_a_mask_costs_no_synchronisation(validation_off):
-    theta = torch.randn(3, 4, 2, 2, device="cuda")
+    theta, arcs = torch.randn(3, 4, 2, 2, device="cuda"), torch.randn(3, 5, 5, device="cuda")
+    memory, query = torch.randn(3, 5, 4, device="cuda"), torch.randn(3, 4, device="cuda")
+    layer = snn.SoftmaxAttention(4, 4).cuda()  # (copying its parameters to the device waits for it: before the check)
     mask = MASK.cuda()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         LinearChainCRF(theta, mask=mask)
-        ProjectiveDependencyCRF(torch.randn(3, 5, 5, device="cuda"), mask=mask)
-        snn.SoftmaxAttention(4, 4).cuda()(torch.randn(3, 5, 4, device="cuda"), torch.randn(3, 4, device="cuda"), mask=mask)
+        ProjectiveDependencyCRF(arcs, mask=mask)
+        layer(memory, query, mask=mask)
     finally:
         torch.cuda.set_sync_debug_mode(0)
