@@ -84,3 +84,67 @@ def test_quick_command(tmp_path):
     assert rows[0]["directed"] == 1.0 and all(0 <= r["undirected"] <= 1 for r in rows)
     for suffix in (".md", ".csv", "_epochs.csv", "_trees.png", "_marginals.png", "_depths.png"):
         assert (tmp_path / f"en_bilinear{suffix}").stat().st_size > 0
+
+
+def test_hub_penalty_is_one_for_a_chain_and_n_for_a_hub():
+    n = 4
+    chain = torch.zeros(1, n + 1, n + 1)
+    hub = torch.zeros(1, n + 1, n + 1)
+    for m in range(1, n + 1):
+        chain[0, m - 1, m] = 1.0  # word m headed by word m-1 (word 1 by the root)
+        hub[0, 1 if m > 1 else 0, m] = 1.0  # word 1 heads every other word
+    lengths = torch.tensor([n])
+    assert induce.hub_penalty(chain, lengths).item() == pytest.approx((n - 1) / n)
+    assert induce.hub_penalty(hub, lengths).item() == pytest.approx((n - 1) ** 2 / n)
+
+
+def test_parent_objective_predicts_from_the_parent_only():
+    torch.manual_seed(0)
+    index = induce.word_index(SENTENCES, min_count=1)
+    model = induce.ClozeModel(len(index), dim=8, hidden=8, objective="parent")
+    words, lengths = induce.encode(SENTENCES, index, bucket=8)
+    logits, out = model(words, lengths)
+    assert logits.shape == (3, 8, len(index)) and out.context.shape == (3, 8, 8)
+    trees = induce.induced_trees(model, SENTENCES, index)
+    for kind in ("masked", "unmasked"):
+        for s, heads in zip(SENTENCES, trees[kind]):
+            assert len(heads) == s.n and is_tree(heads) and heads.count(0) == 1
+    with pytest.raises(ValueError, match="objective"):
+        induce.ClozeModel(len(index), objective="children")
+
+
+@pytest.mark.skipif(not (DATA / "ud").exists(), reason="shared UD data not available")
+def test_quick_command_parent_objective_with_hub_penalty(tmp_path):
+    rows = induce.main(["--quick", "--max-sentences", "20", "--objective", "parent", "--hub-penalty", "0.1",
+                        "--out", str(tmp_path)])
+    assert [r["trees"] for r in rows] == ["gold", "masked", "unmasked", "right-branching", "left-branching"]
+    assert all(r["objective"] == "parent" and r["hub_penalty"] == 0.1 for r in rows)
+    assert all(0 <= r[k] <= 1 for r in rows for k in ("directed_no_punct", "undirected", "undirected_no_punct"))
+    assert rows[0]["undirected_no_punct"] == 1.0 and rows[0]["skipped_batches"] == 0
+    assert (tmp_path / "en_bilinear_parent_hub0.1_trees.png").stat().st_size > 0
+
+
+def test_head_mixture_loss_is_the_mixture_of_word_given_head_over_the_marginals():
+    torch.manual_seed(0)
+    index = induce.word_index(SENTENCES, min_count=1)
+    model = induce.ClozeModel(len(index), dim=8, hidden=8, objective="head_mixture")
+    words, lengths = induce.encode(SENTENCES, index, bucket=8)
+    masked, chosen = induce.mask_words(words, lengths, 0.4, torch.Generator().manual_seed(1))
+    loss, out = model.loss(words, masked, lengths, chosen)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with torch.no_grad():
+        terms = []
+        for b, m in chosen.nonzero().tolist():
+            p = 0.0
+            for h in range(int(lengths[b]) + 1):
+                if h == m + 1:
+                    continue
+                e = model.attention.root_embedding if h == 0 else model.embed(masked[b, h - 1])
+                side = model.predict_right if h > m + 1 else model.predict
+                p += out.attention[b, h, m + 1] * side(e).softmax(-1)[words[b, m]]
+            terms.append(-torch.log(p))
+        assert loss.item() == pytest.approx(torch.stack(terms).mean().item(), rel=1e-5)
+    trees = induce.induced_trees(model, SENTENCES, index)
+    for s, heads in zip(SENTENCES, trees["masked"]):
+        assert len(heads) == s.n and is_tree(heads) and heads.count(0) == 1

@@ -79,18 +79,40 @@ def mask_words(words: Tensor, lengths: Tensor, rate: float, generator: torch.Gen
     return words.masked_fill(chosen, MASK), chosen
 
 
-class ClozeModel(nn.Module):
-    """Predicts masked words from the structured attention's parent and children contexts.
+OBJECTIVES = ("parent_children", "parent", "head_mixture")
 
-    ``forward(words [B, N], lengths [B])`` -> ``(logits [B, N, V], AttentionOutput)``.
+
+class ClozeModel(nn.Module):
+    """Predicts masked words from the structured attention's context: ``objective="parent_children"``
+    ``[p_i; c_i]`` (the soft parent and the soft children), ``"parent"`` ``p_i`` only (the soft
+    parent: a mixture of the other words' embeddings with one weight per candidate head, so the
+    layer must put its head mass on the single word that best predicts word ``i``), or
+    ``"head_mixture"``: a generative dependency model's word-given-head probability, mixed over the
+    layer's arc marginals, ``p(w_i) = sum_h p(h -> i) P(w_i | w_h, side)`` with ``P`` a softmax of
+    the head's embedding (the root's: the layer's ``e_root``), one output matrix for heads to the
+    left of ``i`` (the root included) and one for heads to the right (as the DMV's directions). In the
+    mixture of *probabilities* a head that predicts word ``i`` well earns the head mass (the
+    expectation-maximization dynamic of a generative model), where a mixture of embeddings, as in
+    the other two objectives, scores an average of heads as well as a choice of one.
+
+    ``forward(words [B, N], lengths [B])`` -> ``(logits [B, N, V], AttentionOutput)`` (for
+    ``head_mixture`` the logits of the left-head output applied to the parent context, not used in
+    training); :meth:`loss` is the training loss.
     """
 
-    def __init__(self, vocab_size: int, dim: int = 128, hidden: int = 64, scores: str = "bilinear"):
+    def __init__(self, vocab_size: int, dim: int = 128, hidden: int = 64, scores: str = "bilinear",
+                 objective: str = "parent_children"):
         super().__init__()
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
+        self.objective = objective
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=PAD)
         self.lstm = nn.LSTM(dim, hidden, batch_first=True, bidirectional=True)
-        self.attention = StructuredSelfAttention(2 * hidden, dim, scores=scores, output="parent_children")
-        self.predict = nn.Linear(2 * dim, vocab_size)
+        self.attention = StructuredSelfAttention(2 * hidden, dim, scores=scores,
+                                                 output="parent_children" if objective == "parent_children" else "parent")
+        self.predict = nn.Linear((2 if objective == "parent_children" else 1) * dim, vocab_size)
+        if objective == "head_mixture":
+            self.predict_right = nn.Linear(dim, vocab_size)  # heads to the right of the word
 
     def forward(self, words: Tensor, lengths: Tensor):
         values = self.embed(words)
@@ -100,23 +122,56 @@ class ClozeModel(nn.Module):
         out = self.attention(states, values, lengths)
         return self.predict(out.context), out
 
+    def loss(self, words: Tensor, masked: Tensor, lengths: Tensor, chosen: Tensor):
+        """The mean cross-entropy of the ``chosen [B, N]`` words of ``words`` given the ``masked``
+        sentences, and the layer's output."""
+        logits, out = self(masked, lengths)
+        if self.objective != "head_mixture":
+            return nn.functional.cross_entropy(logits[chosen], words[chosen]), out
+        B, N = words.shape
+        heads = torch.cat([self.attention.root_embedding.expand(B, 1, -1), self.embed(masked)], 1)  # [B, N+1, dim]
+        b, m = chosen.nonzero(as_tuple=True)  # the masked words: sentence b, word m+1
+        target = words[b, m]
+        left = self.predict(heads).log_softmax(-1)[b, :, target]  # [K, N+1]: log P(w_m | head h, h left of m)
+        right = self.predict_right(heads).log_softmax(-1)[b, :, target]
+        side = torch.arange(N + 1, device=words.device) > (m + 1).unsqueeze(-1)  # head h right of word m+1
+        word_given_head = torch.where(side, right, left)
+        marginals = out.attention[b, :, m + 1]  # [K, N+1]: p(h -> m+1)
+        return -(marginals.clamp_min(1e-30).log() + word_given_head).logsumexp(-1).mean(), out
+
+
+def hub_penalty(attention: Tensor, lengths: Tensor) -> Tensor:
+    """The mean over sentences of ``sum_h (expected children of h)^2 / n``: 1 for a chain-like
+    spread (every word about one child), up to ``n`` for a hub that heads every word. ``attention``
+    is the layer's ``[B, N+1, N+1]`` arc marginals; the root row is left out."""
+    children = attention[:, 1:, 1:].sum(-1)  # [B, N]: expected number of children of each word
+    return ((children ** 2).sum(-1) / lengths.to(children.dtype)).mean()
+
 
 def train_epoch(model: ClozeModel, sentences: Sequence[Sentence], index: dict[str, int], optimizer: torch.optim.Optimizer,
-                rng: random.Random, generator: torch.Generator, rate: float = 0.15, tokens_per_batch: int = 800) -> tuple[float, int]:
-    """One pass of the cloze task: the mean cross-entropy per masked word, and the number of
-    batches skipped because the backward pass through the matrix-tree marginals failed (a
+                rng: random.Random, generator: torch.Generator, rate: float = 0.15, tokens_per_batch: int = 800,
+                hub_weight: float = 0.0, targets: str = "masked") -> tuple[float, int]:
+    """One pass of the cloze task: the mean cross-entropy per masked word (``targets="all"``: every
+    known word is a target and none is masked, only for ``head_mixture``, whose mixture of
+    probabilities cannot pass the target through the choice of heads: ``p(w_i) <= max_h P(w_i | w_h)``,
+    and no head is word ``i`` itself) (``hub_weight`` times
+    :func:`hub_penalty` is added to the loss that is minimized, not to the one reported), and the
+    number of batches skipped because the backward pass through the matrix-tree marginals failed (a
     singular Laplacian or non-finite gradients; ``NonProjectiveDependencyCRF.marginals``'s
     backward breaks down once arc scores spread over ~100 nats)."""
     model.train()
     total, count, skipped = 0.0, 0, 0
     for group in length_groups(sentences, tokens_per_batch, rng):
         words, lengths = encode([sentences[i] for i in group], index)
-        masked, chosen = mask_words(words, lengths, rate, generator)
-        logits, _ = model(masked, lengths)
-        loss = nn.functional.cross_entropy(logits[chosen], words[chosen])
+        if targets == "all":
+            masked, chosen = words, (words > MASK) & (torch.arange(words.shape[1]) < lengths.unsqueeze(-1))
+        else:
+            masked, chosen = mask_words(words, lengths, rate, generator)
+        loss, att = model.loss(words, masked, lengths, chosen)
+        objective = loss + hub_weight * hub_penalty(att.attention, lengths) if hub_weight else loss
         optimizer.zero_grad()
         try:
-            loss.backward()
+            objective.backward()
         except torch.linalg.LinAlgError:
             skipped += 1
             continue
@@ -173,12 +228,20 @@ def chain_trees(sentences: Sequence[Sentence]) -> dict[str, list[list[int]]]:
 
 
 def score_trees(sentences: Sequence[Sentence], trees: Sequence[Sequence[int]]) -> dict[str, float]:
-    """Directed (with and without punctuation) and undirected attachment accuracy, tree statistics."""
+    """Directed and undirected attachment accuracy, with and without punctuation (``_no_punct``:
+    over the words whose gold UPOS is not PUNCT, as Bisk & Tran's Table 3), tree statistics."""
     a, stats = Attachment(), TreeStatistics()
+    undirected, words = 0, 0
     for s, heads in zip(sentences, trees):
         a.add(s.heads, heads, s.upos)
         stats.add(heads)
-    return {"directed": a.uas, "directed_no_punct": a.uas_no_punct, "undirected": a.undirected_accuracy, **stats.summary()}
+        gold = {frozenset((h, m)) for m, h in enumerate(s.heads, 1)}
+        for m, (h, pos) in enumerate(zip(heads, s.upos), 1):
+            if pos != "PUNCT":
+                words += 1
+                undirected += frozenset((h, m)) in gold
+    return {"directed": a.uas, "directed_no_punct": a.uas_no_punct, "undirected": a.undirected_accuracy,
+            "undirected_no_punct": undirected / max(words, 1), **stats.summary()}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -190,6 +253,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--max-sentences", type=int, default=None, help="read at most this many sentences of each file")
     p.add_argument("--max-train-length", type=int, default=60)
     p.add_argument("--scores", choices=("bilinear", "dot"), default="bilinear")
+    p.add_argument("--objective", choices=OBJECTIVES, default="parent_children",
+                   help="the context a masked word is predicted from: its soft parent and children, or its soft parent only")
+    p.add_argument("--targets", choices=("masked", "all"), default="masked",
+                   help="predict the masked 15%% of the words, or (head_mixture only) every word of the unmasked sentence")
+    p.add_argument("--hub-penalty", type=float, default=0.0,
+                   help="weight of the penalty on the squared expected number of children per word (see hub_penalty)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's; keeps the arc scores moderate")
     p.add_argument("--data-dir", type=Path, default=default_data_dir(),
@@ -197,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--out", type=Path, default=Path("results/induce"))
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
+    if args.targets == "all" and args.objective != "head_mixture":
+        p.error("--targets all: only with --objective head_mixture (the other contexts would leak the word)")
     if args.quick:
         args.max_sentences = args.max_sentences or 40
         args.epochs = 1
@@ -209,15 +280,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     train = [s for f in train_files for s in read_conllu(ud / f, args.max_sentences) if s.n <= args.max_train_length]
     test = read_conllu(ud / eval_file, args.max_sentences)
     index = word_index(train)
-    model = ClozeModel(len(index), scores=args.scores)
+    model = ClozeModel(len(index), scores=args.scores, objective=args.objective)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     rng, generator = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"{args.language}_{args.scores}"
+    if args.objective != "parent_children" or args.hub_penalty:
+        name += f"_{args.objective}" + (f"_hub{args.hub_penalty:g}" if args.hub_penalty else "")
+    if args.targets == "all":
+        name += "_all"
     start = time.perf_counter()
     curve = []
     for epoch in (bar := tqdm(range(args.epochs), desc=f"induce {args.language}")):
-        loss, skipped = train_epoch(model, train, index, optimizer, rng, generator)
+        loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, hub_weight=args.hub_penalty, targets=args.targets)
         curve.append({"epoch": epoch + 1, "cloze_loss": loss, "skipped_batches": skipped, "seconds": time.perf_counter() - start})
         bar.set_postfix(loss=f"{loss:.3f}")
     train_seconds = time.perf_counter() - start
@@ -226,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     trees = {"gold": [list(s.heads) for s in test], **induced_trees(model, test, index), **chain_trees(test)}
     induce_seconds = time.perf_counter() - start
     wall = time.perf_counter() - wall
-    rows = [{"language": args.language, "trees": k, "epochs": args.epochs, "seed": args.seed, "train_sentences": len(train),
+    rows = [{"language": args.language, "objective": args.objective, "targets": args.targets, "hub_penalty": args.hub_penalty, "trees": k,
+             "epochs": args.epochs, "seed": args.seed, "train_sentences": len(train),
              "eval_sentences": len(test), **score_trees(test, v), "final_cloze_loss": curve[-1]["cloze_loss"],
              "skipped_batches": sum(c["skipped_batches"] for c in curve),
              "train_s": train_seconds, "induce_s": induce_seconds, "wall_s": wall} for k, v in trees.items()]
