@@ -124,10 +124,11 @@ def test_quick_command_parent_objective_with_hub_penalty(tmp_path):
     assert (tmp_path / "en_bilinear_parent_hub0.1_trees.png").stat().st_size > 0
 
 
-def test_head_mixture_loss_is_the_mixture_of_word_given_head_over_the_marginals():
+@pytest.mark.parametrize("adjacency", [False, True])
+def test_head_mixture_loss_is_the_mixture_of_word_given_head_over_the_marginals(adjacency):
     torch.manual_seed(0)
     index = induce.word_index(SENTENCES, min_count=1)
-    model = induce.ClozeModel(len(index), dim=8, hidden=8, objective="head_mixture")
+    model = induce.ClozeModel(len(index), dim=8, hidden=8, objective="head_mixture", adjacency=adjacency)
     words, lengths = induce.encode(SENTENCES, index, bucket=8)
     masked, chosen = induce.mask_words(words, lengths, 0.4, torch.Generator().manual_seed(1))
     loss, out = model.loss(words, masked, lengths, chosen)
@@ -142,6 +143,10 @@ def test_head_mixture_loss_is_the_mixture_of_word_given_head_over_the_marginals(
                     continue
                 e = model.attention.root_embedding if h == 0 else model.embed(masked[b, h - 1])
                 side = model.predict_right if h > m + 1 else model.predict
+                if adjacency and h == m + 2:
+                    side = model.predict_next_right
+                elif adjacency and h == m and h > 0:
+                    side = model.predict_next_left
                 p += out.attention[b, h, m + 1] * side(e).softmax(-1)[words[b, m]]
             terms.append(-torch.log(p))
         assert loss.item() == pytest.approx(torch.stack(terms).mean().item(), rel=1e-5)

@@ -101,11 +101,12 @@ class ClozeModel(nn.Module):
     """
 
     def __init__(self, vocab_size: int, dim: int = 128, hidden: int = 64, scores: str = "bilinear",
-                 objective: str = "parent_children"):
+                 objective: str = "parent_children", adjacency: bool = False):
         super().__init__()
         if objective not in OBJECTIVES:
             raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
         self.objective = objective
+        self.arc_scale = 1.0  # multiplies the BiLSTM states before the arc scores: 0 gives uniform potentials
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=PAD)
         self.lstm = nn.LSTM(dim, hidden, batch_first=True, bidirectional=True)
         self.attention = StructuredSelfAttention(2 * hidden, dim, scores=scores,
@@ -113,13 +114,17 @@ class ClozeModel(nn.Module):
         self.predict = nn.Linear((2 if objective == "parent_children" else 1) * dim, vocab_size)
         if objective == "head_mixture":
             self.predict_right = nn.Linear(dim, vocab_size)  # heads to the right of the word
+        self.adjacency = adjacency and objective == "head_mixture"
+        if self.adjacency:  # the DMV's adjacency: own outputs for the heads next to the word
+            self.predict_next_left = nn.Linear(dim, vocab_size)
+            self.predict_next_right = nn.Linear(dim, vocab_size)
 
     def forward(self, words: Tensor, lengths: Tensor):
         values = self.embed(words)
         packed = nn.utils.rnn.pack_padded_sequence(values, lengths, batch_first=True, enforce_sorted=False)
         states, _ = self.lstm(packed)
         states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=words.shape[1])
-        out = self.attention(states, values, lengths)
+        out = self.attention(states * self.arc_scale if self.arc_scale != 1.0 else states, values, lengths)
         return self.predict(out.context), out
 
     def loss(self, words: Tensor, masked: Tensor, lengths: Tensor, chosen: Tensor):
@@ -136,6 +141,12 @@ class ClozeModel(nn.Module):
         right = self.predict_right(heads).log_softmax(-1)[b, :, target]
         side = torch.arange(N + 1, device=words.device) > (m + 1).unsqueeze(-1)  # head h right of word m+1
         word_given_head = torch.where(side, right, left)
+        if self.adjacency:
+            position = torch.arange(N + 1, device=words.device)
+            word_given_head = torch.where((position == m.unsqueeze(-1)) & (position > 0), self.predict_next_left(heads).log_softmax(-1)[b, :, target],
+                                          word_given_head)  # h = word m: the word just left of word m+1
+            word_given_head = torch.where(position == (m + 2).unsqueeze(-1), self.predict_next_right(heads).log_softmax(-1)[b, :, target],
+                                          word_given_head)
         marginals = out.attention[b, :, m + 1]  # [K, N+1]: p(h -> m+1)
         return -(marginals.clamp_min(1e-30).log() + word_given_head).logsumexp(-1).mean(), out
 
@@ -257,6 +268,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                    help="the context a masked word is predicted from: its soft parent and children, or its soft parent only")
     p.add_argument("--targets", choices=("masked", "all"), default="masked",
                    help="predict the masked 15%% of the words, or (head_mixture only) every word of the unmasked sentence")
+    p.add_argument("--adjacency", action="store_true",
+                   help="head_mixture: own word-given-head outputs for the two neighbouring heads (the DMV's adjacency)")
+    p.add_argument("--uniform-epochs", type=int, default=0,
+                   help="train the first this many epochs with uniform arc potentials (the word predictor learns from "
+                        "every candidate head before the arc scorer commits to any, as IBM Model 1 before its alignments)")
     p.add_argument("--hub-penalty", type=float, default=0.0,
                    help="weight of the penalty on the squared expected number of children per word (see hub_penalty)")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -280,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     train = [s for f in train_files for s in read_conllu(ud / f, args.max_sentences) if s.n <= args.max_train_length]
     test = read_conllu(ud / eval_file, args.max_sentences)
     index = word_index(train)
-    model = ClozeModel(len(index), scores=args.scores, objective=args.objective)
+    model = ClozeModel(len(index), scores=args.scores, objective=args.objective, adjacency=args.adjacency)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     rng, generator = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -289,9 +305,14 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         name += f"_{args.objective}" + (f"_hub{args.hub_penalty:g}" if args.hub_penalty else "")
     if args.targets == "all":
         name += "_all"
+    if args.uniform_epochs:
+        name += f"_uniform{args.uniform_epochs}"
+    if args.adjacency:
+        name += "_adjacency"
     start = time.perf_counter()
     curve = []
     for epoch in (bar := tqdm(range(args.epochs), desc=f"induce {args.language}")):
+        model.arc_scale = 0.0 if epoch < args.uniform_epochs else 1.0
         loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, hub_weight=args.hub_penalty, targets=args.targets)
         curve.append({"epoch": epoch + 1, "cloze_loss": loss, "skipped_batches": skipped, "seconds": time.perf_counter() - start})
         bar.set_postfix(loss=f"{loss:.3f}")
@@ -301,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     trees = {"gold": [list(s.heads) for s in test], **induced_trees(model, test, index), **chain_trees(test)}
     induce_seconds = time.perf_counter() - start
     wall = time.perf_counter() - wall
-    rows = [{"language": args.language, "objective": args.objective, "targets": args.targets, "hub_penalty": args.hub_penalty, "trees": k,
+    rows = [{"language": args.language, "objective": args.objective, "targets": args.targets, "hub_penalty": args.hub_penalty, "uniform_epochs": args.uniform_epochs, "adjacency": args.adjacency, "trees": k,
              "epochs": args.epochs, "seed": args.seed, "train_sentences": len(train),
              "eval_sentences": len(test), **score_trees(test, v), "final_cloze_loss": curve[-1]["cloze_loss"],
              "skipped_batches": sum(c["skipped_batches"] for c in curve),
