@@ -156,6 +156,11 @@ class Run:
                 plan.keepable.add(i)
         return plan.keepable
 
+    def unrecorded(self) -> bool:
+        """Whether the in-place passes record nothing for autograd: every step written out (Log,
+        Max) and no fused scan (whose backward autograd records)."""
+        return type(self.semiring) in _MANUAL and not self.scans(False)
+
     def all_steps(self, fused: bool = False):
         """(level number, its steps) in order, the goal's last; ``fused``: sibling steps as one."""
         yield from enumerate(self.plan.fused if fused else self.plan.levels)
@@ -411,8 +416,9 @@ class _Grads(dict):
         self.buffers = buffers
         if ARENA in buffers:
             arena = self[ARENA] = torch.zeros_like(buffers[ARENA])
-            for key, b in buffers.items():
-                if b._base is buffers[ARENA]:
+            storage = buffers[ARENA].untyped_storage().data_ptr()
+            for key, b in buffers.items():  # (not b._base: inference mode does not record views)
+                if key != ARENA and b.numel() and b.untyped_storage().data_ptr() == storage:
                     self[key] = arena.narrow(-1, b.storage_offset() - buffers[ARENA].storage_offset(), b.shape[-1])
 
     def like(self, key: str) -> Tensor:
