@@ -11,6 +11,13 @@ it: the layer is pushed toward head-dependent pairs that predict one another (th
 generative dependency models), with no leak of the masked word itself (it is masked in both the
 BiLSTM's input and the values).
 
+Other signals (``--objective``, see :class:`ClozeModel`): ``parent``, the soft parent only;
+``head_mixture``, a generative dependency model's word-given-head probability mixed over the arc
+marginals (with ``--targets all``: every word of the unmasked sentence a target;
+``--uniform-epochs``: uniform arc potentials at first; ``--adjacency``: own outputs for the
+neighbouring heads); ``--hub-penalty`` discourages words with many expected children. Measured in
+docs/parsing.md ("Induced trees"): none of them gives syntactic trees on this data.
+
 Why this task: the data at hand (a few thousand UD sentences, 1000 PUD pairs, an SNLI sample of
 ~1300 pairs) is too small for translation or inference to train anything, while every sentence
 gives a cloze signal at many positions.
