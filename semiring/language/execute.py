@@ -25,7 +25,7 @@ from .fuse import ARENA
 from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
 
-KEEP = 1  # the Log weights a run keeps for its backward, in numbers per number its charts hold (:meth:`Run.keepable`)
+KEEP = 1.25  # the Log weights a run keeps for its backward, in numbers per number its charts and inputs hold (:meth:`Run.keepable`)
 
 
 class Run:
@@ -140,8 +140,8 @@ class Run:
     def keepable(self) -> set[int]:
         """The ids of the steps whose Log weights the forward keeps for the backward: the smallest
         summing steps, up to ``KEEP`` times as many numbers as the charts and the floating inputs
-        hold (what the backward allocates for their gradients anyway), so that keeping at most
-        doubles the memory of a run (the weights of every step would be O(n^3) to Eisner's O(n^2)
+        hold (what the backward allocates for their gradients anyway), so that keeping about
+        doubles the memory of a run at most (the weights of every step would be O(n^3) to Eisner's O(n^2)
         charts) and spares the most torch calls per number kept. Found once per plan."""
         plan = self.plan
         if plan.keepable is None:
