@@ -128,12 +128,8 @@ def main(argv=None) -> None:
     setup(a.threads)
     info = machine_info()
     info["pinned to core"] = str(pin_one_core())
-    synjax = None if a.no_synjax else SynJax.start()
-    try:
+    with SynJax.running(not a.no_synjax) as synjax:
         rows = speed(QUICK if a.quick else SIZES, 3 if a.quick else a.repeat, synjax)
-    finally:
-        if synjax is not None:
-            synjax.close()
     info["load average after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     report = render(info, rows)
     print(report)

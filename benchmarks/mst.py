@@ -138,75 +138,73 @@ def main(argv=None) -> None:
     mst = load_supar()
     info = machine_info()
     info["pinned to core"] = str(pin_one_core())
-    synjax = None if args.no_synjax else SynJax.start()
-    print("\n".join(f"- {k}: {v}" for k, v in info.items()))
-    print(f"- B = {B}, n = {n}, float32 scores; times are medians (round-robin), ratios = peer / ours\n")
-    headers = ["input", "root", "ours ms", "ours first call ms", "networkx ms", "supar ms", "SynJax ms",
-               "networkx / ours", "supar / ours", "SynJax / ours", "SynJax first call (numba compile) s",
-               "shortcut", "supar worse", "SynJax worse"]
-    rows = []
-    for kind in ("normal", "planted", "hard"):
-        for single in (False, True):
-            name = f"{kind} {'single' if single else 'multi'}"
-            if args.only and args.only not in name:
-                continue
-            s = make_scores(kind, n=n)
-            s_supar = s.transpose(1, 2).contiguous()
-            mask = torch.ones(B, n + 1, dtype=torch.bool)
-            mask[:, 0] = False
-            fns = {"ours": lambda s=s, single=single: max_arborescence(s, single_root=single)}
-            start = time.perf_counter()
-            ours = fns["ours"]()
-            ours_first = time.perf_counter() - start
-            assert is_tree(ours, single_root=single).all()
-            ours_score = tree_score(s.double(), ours)
-            nx_laps = []
-            if not args.no_networkx:
-                for r in range(1 if args.quick else args.nx_repeat):
-                    start = time.perf_counter()
-                    ref = networkx_loop(s, single)
-                    nx_laps.append(time.perf_counter() - start)
-                    if r == 0:
-                        ref_score = tree_score(s.double(), ref)
-                        assert torch.allclose(ours_score, ref_score, atol=1e-6, rtol=0), (name, ours_score, ref_score)
-            worse = "-"
-            if mst is not None:
-                fns["supar"] = lambda s=s_supar, single=single: mst(s, mask, multiroot=not single)
+    with SynJax.running(not args.no_synjax) as synjax:
+        print("\n".join(f"- {k}: {v}" for k, v in info.items()))
+        print(f"- B = {B}, n = {n}, float32 scores; times are medians (round-robin), ratios = peer / ours\n")
+        headers = ["input", "root", "ours ms", "ours first call ms", "networkx ms", "supar ms", "SynJax ms",
+                   "networkx / ours", "supar / ours", "SynJax / ours", "SynJax first call (numba compile) s",
+                   "shortcut", "supar worse", "SynJax worse"]
+        rows = []
+        for kind in ("normal", "planted", "hard"):
+            for single in (False, True):
+                name = f"{kind} {'single' if single else 'multi'}"
+                if args.only and args.only not in name:
+                    continue
+                s = make_scores(kind, n=n)
+                s_supar = s.transpose(1, 2).contiguous()
+                mask = torch.ones(B, n + 1, dtype=torch.bool)
+                mask[:, 0] = False
+                fns = {"ours": lambda s=s, single=single: max_arborescence(s, single_root=single)}
+                start = time.perf_counter()
+                ours = fns["ours"]()
+                ours_first = time.perf_counter() - start
+                assert is_tree(ours, single_root=single).all()
+                ours_score = tree_score(s.double(), ours)
+                nx_laps = []
+                if not args.no_networkx:
+                    for r in range(1 if args.quick else args.nx_repeat):
+                        start = time.perf_counter()
+                        ref = networkx_loop(s, single)
+                        nx_laps.append(time.perf_counter() - start)
+                        if r == 0:
+                            ref_score = tree_score(s.double(), ref)
+                            assert torch.allclose(ours_score, ref_score, atol=1e-6, rtol=0), (name, ours_score, ref_score)
+                worse = "-"
+                if mst is not None:
+                    fns["supar"] = lambda s=s_supar, single=single: mst(s, mask, multiroot=not single)
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        theirs = fns["supar"]()[:, 1:]
+                        theirs_score = tree_score(s.double(), theirs)
+                    assert (theirs_score <= ours_score + 1e-6).all()
+                    worse = f"{int((theirs_score < ours_score - 1e-6).sum())}/{B}"
+                sj_worse, sj_first = "-", None
+                if synjax is not None:
+                    call, value, sj_first = synjax.load("mst", s.numpy(), single)
+                    theirs = torch.from_numpy(value[:, 1:])
+                    assert is_tree(theirs, single_root=single).all()
+                    theirs_score = tree_score(s.double(), theirs)
+                    assert (theirs_score <= ours_score + 1e-6).all()
+                    sj_worse = f"{int((theirs_score < ours_score - 1e-6).sum())}/{B}"
+                    fns["SynJax"] = lambda c=call: synjax.lap(c)
+                # the shortcut: examples whose per-word best heads already form a valid tree
+                best = s.masked_fill(torch.eye(n + 1, dtype=torch.bool), -math.inf)[:, :, 1:].argmax(1)
+                ok = is_tree(best, single_root=single)
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    theirs = fns["supar"]()[:, 1:]
-                    theirs_score = tree_score(s.double(), theirs)
-                assert (theirs_score <= ours_score + 1e-6).all()
-                worse = f"{int((theirs_score < ours_score - 1e-6).sum())}/{B}"
-            sj_worse, sj_first = "-", None
-            if synjax is not None:
-                call, value, sj_first = synjax.load("mst", s.numpy(), single)
-                theirs = torch.from_numpy(value[:, 1:])
-                assert is_tree(theirs, single_root=single).all()
-                theirs_score = tree_score(s.double(), theirs)
-                assert (theirs_score <= ours_score + 1e-6).all()
-                sj_worse = f"{int((theirs_score < ours_score - 1e-6).sum())}/{B}"
-                fns["SynJax"] = lambda c=call: synjax.lap(c)
-            # the shortcut: examples whose per-word best heads already form a valid tree
-            best = s.masked_fill(torch.eye(n + 1, dtype=torch.bool), -math.inf)[:, :, 1:].argmax(1)
-            ok = is_tree(best, single_root=single)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                t = time_round_robin(fns, repeat=repeat, warmup=1, min_repeat=3, budget_s=60.0)
-            if nx_laps:
-                t["networkx"] = Timing(statistics.median(nx_laps), min(nx_laps), max(nx_laps), len(nx_laps), min(nx_laps))
-            get = lambda k: t[k].median if k in t else None  # noqa: E731
-            ratio = lambda k: f"{get(k) / get('ours'):.0f}x" if k in t else "-"  # noqa: E731
-            rows.append([kind, "single" if single else "multi", fmt_ms(get("ours")), fmt_ms(ours_first),
-                         fmt_ms(get("networkx")) if "networkx" in t else "-",
-                         fmt_ms(get("supar")) if "supar" in t else "-",
-                         fmt_ms(get("SynJax")) if "SynJax" in t else "-",
-                         ratio("networkx"), ratio("supar"),
-                         f"{get('SynJax') / get('ours'):.2f}x" if "SynJax" in t else "-",
-                         "-" if sj_first is None else f"{sj_first:.2f}", f"{int(ok.sum())}/{B}", worse, sj_worse])
-            print(f"{name}: " + ", ".join(f"{k} {fmt_ms(v.median)} ms ({v.runs} runs)" for k, v in t.items()), flush=True)
-    if synjax is not None:
-        synjax.close()
+                    t = time_round_robin(fns, repeat=repeat, warmup=1, min_repeat=3, budget_s=60.0)
+                if nx_laps:
+                    t["networkx"] = Timing(statistics.median(nx_laps), min(nx_laps), max(nx_laps), len(nx_laps), min(nx_laps))
+                get = lambda k: t[k].median if k in t else None  # noqa: E731
+                ratio = lambda k: f"{get(k) / get('ours'):.0f}x" if k in t else "-"  # noqa: E731
+                rows.append([kind, "single" if single else "multi", fmt_ms(get("ours")), fmt_ms(ours_first),
+                             fmt_ms(get("networkx")) if "networkx" in t else "-",
+                             fmt_ms(get("supar")) if "supar" in t else "-",
+                             fmt_ms(get("SynJax")) if "SynJax" in t else "-",
+                             ratio("networkx"), ratio("supar"),
+                             f"{get('SynJax') / get('ours'):.2f}x" if "SynJax" in t else "-",
+                             "-" if sj_first is None else f"{sj_first:.2f}", f"{int(ok.sum())}/{B}", worse, sj_worse])
+                print(f"{name}: " + ", ".join(f"{k} {fmt_ms(v.median)} ms ({v.runs} runs)" for k, v in t.items()), flush=True)
     print()
     print(markdown_table(headers, rows, "llrrrrrrrrrrrr"))
 

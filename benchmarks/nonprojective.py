@@ -200,13 +200,9 @@ def main(argv=None) -> None:
     setup(a.threads)
     info = machine_info()
     info["pinned to core"] = str(pin_one_core())
-    synjax = None if a.no_synjax else SynJax.start()
-    try:
+    with SynJax.running(not a.no_synjax) as synjax:
         rows = speed(3 if a.quick else a.repeat, synjax)
         acc = [] if (a.quick or a.no_accuracy) else accuracy(synjax)
-    finally:
-        if synjax is not None:
-            synjax.close()
     info["load average after"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     report = render(info, rows, acc)
     print(report)

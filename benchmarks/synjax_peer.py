@@ -14,6 +14,8 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 
@@ -40,6 +42,18 @@ class SynJax:
                    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
         proc = subprocess.Popen([VENV_PYTHON, _WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         return cls(proc)
+
+    @classmethod
+    @contextmanager
+    def running(cls, wanted: bool = True) -> Iterator[SynJax | None]:
+        """A worker for the block (None where not wanted or without its venv), closed after it
+        whatever happens. The caller pins its core first (the worker inherits it)."""
+        synjax = cls.start() if wanted else None
+        try:
+            yield synjax
+        finally:
+            if synjax is not None:
+                synjax.close()
 
     def _ask(self, req: dict) -> dict:
         self._proc.stdin.write(json.dumps(req) + "\n")
