@@ -7,4 +7,5 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("structures.decode._tarjan_c", ["structures/decode/_tarjan.c"], optional=True),
     Extension("structures._matrix_tree_c", ["structures/_matrix_tree_c.c"], optional=True),
+    Extension("semiring.language._kernel", ["semiring/language/_kernel.c"], optional=True),
 ])

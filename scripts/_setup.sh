@@ -34,7 +34,7 @@ setup() {
     # sources, the extras or the checkout's place change.
     local stamp="$VENV/.structures-installed${extras:+-$extras}"
     local want
-    want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/structures/decode/_tarjan.c "$ROOT"/structures/_matrix_tree_c.c | sha256sum | cut -d' ' -f1) $ROOT"
+    want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" "$ROOT"/structures/decode/_tarjan.c "$ROOT"/structures/_matrix_tree_c.c "$ROOT"/semiring/language/_kernel.c | sha256sum | cut -d' ' -f1) $ROOT"
     if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
         say "installing this package (pip install -e '.${extras:+[$extras]}')"
         "$py" -m pip install -qq -e "$ROOT${extras:+[$extras]}"

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
+from . import kernel
 from .fuse import ARENA
 from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
@@ -166,6 +167,13 @@ class Run:
         yield from enumerate(self.plan.fused if fused else self.plan.levels)
         yield len(self.plan.levels), self.plan.goal
 
+    def kernel(self, buf: dict[str, Tensor], dual: bool) -> kernel.Bound | None:
+        """The C kernel of the in-place levels on ``buf`` (:mod:`.kernel`), or None where it does not apply."""
+        if dual:
+            return None
+        return kernel.bind(self.plan, [steps for _, steps in self.all_steps(fused=True)], _backward_order,
+                           self.semiring, buf, self.batch)
+
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
         """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``)."""
         return {name: x.reshape(*x.shape[: (0 if name in self.plan.looked_up else self.lead) + 1], -1).contiguous()
@@ -227,8 +235,11 @@ class Run:
         scans, skip = self.scans(dual), 0
         if not dual:  # (a dual run, the Hessian-vector product's, keeps nothing)
             self.kept = {}
+        compiled = self.kernel(buf, dual)
         for lev, steps in self.all_steps(fused=not dual):
             if lev < skip:
+                continue
+            if compiled is not None and lev not in scans and compiled.forward(lev):
                 continue
             if lev in scans:
                 scan, skip = scans[lev], scans[lev].stop
@@ -264,8 +275,11 @@ class Run:
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         ends = {scan.stop - 1: scan for scan in self.scans(dual).values()}
         skip = math.inf
+        compiled = self.kernel(buf, dual)
         for lev, steps in reversed(list(self.all_steps(fused=not dual))):
             if lev >= skip:
+                continue
+            if compiled is not None and lev not in ends and compiled.backward(lev, grads):
                 continue
             if lev in ends:
                 scan = ends[lev]

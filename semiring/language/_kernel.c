@@ -1,0 +1,392 @@
+/* The Log semiring's steps of a level as one C loop (semiring/language/kernel.py packs them): on
+ * the CPU, where each step as torch calls would cost ~8-30 dispatches of a few microseconds each
+ * while its arithmetic is often a few thousand numbers. Built at install time as the optional
+ * extension semiring.language._kernel (setup.py); without it the torch calls of execute.py run.
+ *
+ * A step is a box of coordinates, the first nL its items' (L), the rest summed (K). Term r of an
+ * instance is read at  table[src_r].address + b * table[src_r].batch_stride + offset_r + Σ strides_r
+ * * coords  (elements of the run's dtype); the instance exists where every mask holds (const +
+ * Σ coeffs * coords >= 0, or != 0). An item is  log Σ_K exp(Σ_r term_r)  (the reads' sum over the
+ * instances of the box; no instance: -inf), written to each of the step's heads, or ⊕-ed (logaddexp)
+ * into them where an earlier step of the level wrote the same items ("accumulate").
+ *
+ * The backward of a step adds  exp(Σ_r term_r - item) * g  to the gradient of every term of every
+ * instance, where g is the sum of the gradients at the item's heads and item its final value (the
+ * ⊕ over every rule that writes it; clamped to the finite range as execute._softmax_weights does);
+ * a step without K that alone writes its items passes g unchanged.
+ *
+ * Descriptor of a level (int64): the number of steps, then per step
+ *   n, nL, R, H, M, accumulate, shared, sizes[n],
+ *   R x (src, offset, strides[n]), H x (src, offset, strides[nL]), M x (op (0: >=, 1: !=), const, coeffs[n]).
+ * Table (int64): per source, (address, batch stride).
+ *
+ * forward(double, B, table, level)            the level's items into their heads
+ * backward(double, B, table, grads, level)    its gradients into the grads table's buffers (the
+ *                                             level's steps in the order of execute._backward_order)
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXDIM 16
+
+typedef struct {
+    int64_t n, nL, R, H, M, accumulate, shared;
+    const int64_t *sizes;
+    const int64_t *reads; /* R x (2 + n) */
+    const int64_t *heads; /* H x (2 + nL) */
+    const int64_t *masks; /* M x (2 + n) */
+    int64_t K;            /* instances per item: the product of the K sizes */
+} Step;
+
+/* the step at p; returns the position after it */
+static const int64_t *parse(const int64_t *p, Step *s) {
+    s->n = p[0]; s->nL = p[1]; s->R = p[2]; s->H = p[3]; s->M = p[4]; s->accumulate = p[5]; s->shared = p[6];
+    p += 7;
+    s->sizes = p; p += s->n;
+    s->reads = p; p += s->R * (2 + s->n);
+    s->heads = p; p += s->H * (2 + s->nL);
+    s->masks = p; p += s->M * (2 + s->n);
+    s->K = 1;
+    for (int64_t d = s->nL; d < s->n; d++) s->K *= s->sizes[d];
+    return p;
+}
+
+static int check(const Step *s) {
+    return s->n >= 0 && s->n <= MAXDIM && s->nL >= 0 && s->nL <= s->n && s->R >= 0 && s->H >= 1 && s->M >= 0;
+}
+
+/* whether the instance at coords passes every mask */
+static int holds(const Step *s, const int64_t *coords) {
+    for (int64_t j = 0; j < s->M; j++) {
+        const int64_t *m = s->masks + j * (2 + s->n);
+        int64_t e = m[1];
+        for (int64_t d = 0; d < s->n; d++) e += m[2 + d] * coords[d];
+        if (m[0] == 0 ? e < 0 : e == 0) return 0;
+    }
+    return 1;
+}
+
+/* the next coordinates of dims [lo, hi) (an odometer, last fastest); returns 0 after the last */
+static int next(int64_t *coords, const int64_t *sizes, int64_t lo, int64_t hi) {
+    for (int64_t d = hi - 1; d >= lo; d--) {
+        if (++coords[d] < sizes[d]) return 1;
+        coords[d] = 0;
+    }
+    return 0;
+}
+
+/* exp of 8 floats / 4 doubles at a time (GCC vector extensions: AVX2 where the CPU has it,
+ * target_clones below, else pairs of SSE2 registers): Cody-Waite reduction x = n ln2 + r, a Taylor
+ * polynomial of r (|r| <= ln2/2: degree 7 for float, 13 for double, both below half an ulp), times 2^n
+ * built in the exponent bits. Below -87.3 (float) / -708 (double) it gives 0, not the subnormal
+ * (weights under 1e-38 / 1e-307 of the largest, which the sums they enter cannot hold anyway);
+ * above 88 / 709 the lanes are recomputed by libm (only +inf terms reach there). */
+typedef float vf __attribute__((vector_size(32)));
+typedef int32_t vif __attribute__((vector_size(32)));
+typedef double vd __attribute__((vector_size(32)));
+typedef int64_t vid __attribute__((vector_size(32)));
+#define LANES_f32 8
+#define LANES_f64 4
+
+static inline __attribute__((always_inline)) vf exp_f32(vf x) {
+    const vf zero = {0}, lo = zero + -87.3f, hi = zero + 88.0f;
+    const vif under = x < lo, over = x > hi;
+    vf c = (vf)(((vif)lo & under) | ((vif)x & ~under));
+    c = (vf)(((vif)hi & over) | ((vif)c & ~over));
+    const vf magic = zero + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    vf fx = c * 1.44269504088896341f + magic;
+    vif e = (((vif)fx - 0x4B400000) + 127) << 23;
+    vf n = fx - magic;
+    vf r = c - n * 0.693359375f - n * -2.12194440e-4f;
+    vf r2 = r * r, r4 = r2 * r2; /* Estrin's scheme: a shorter chain of dependent operations */
+    vf p = ((r + 1.0f) + r2 * (0.5f + r * (1.0f / 6))) + r4 * ((1.0f / 24 + r * (1.0f / 120)) + r2 * (1.0f / 720 + r * (1.0f / 5040)));
+    vf y = p * (vf)e;
+    y = (vf)((vif)y & ~under);
+    for (int i = 0; i < LANES_f32; i++) if (over[i]) y[i] = expf(x[i]);
+    return y;
+}
+
+static inline __attribute__((always_inline)) vd exp_f64(vd x) {
+    const vd zero = {0}, lo = zero + -708.0, hi = zero + 709.0;
+    const vid under = x < lo, over = x > hi;
+    vd c = (vd)(((vid)lo & under) | ((vid)x & ~under));
+    c = (vd)(((vid)hi & over) | ((vid)c & ~over));
+    const vd magic = zero + 6755399441055744.0; /* 1.5 * 2^52 */
+    vd fx = c * 1.4426950408889634074 + magic;
+    vid e = (((vid)fx - 0x4338000000000000LL) + 1023) << 52;
+    vd n = fx - magic;
+    vd r = c - n * 6.93145751953125e-1 - n * 1.42860682030941723212e-6;
+    vd r2 = r * r, r4 = r2 * r2, r8 = r4 * r4; /* Estrin's scheme, coefficients 1/k! */
+    vd p = ((r + 1.0) + r2 * (1.0 / 2 + r * (1.0 / 6))) + r4 * ((1.0 / 24 + r * (1.0 / 120)) + r2 * (1.0 / 720 + r * (1.0 / 5040)))
+         + r8 * (((1.0 / 40320 + r * (1.0 / 362880)) + r2 * (1.0 / 3628800 + r * (1.0 / 39916800)))
+                 + r4 * (1.0 / 479001600 + r * (1.0 / 6227020800.0)));
+    vd y = p * (vd)e;
+    y = (vd)((vid)y & ~under);
+    for (int i = 0; i < LANES_f64; i++) if (over[i]) y[i] = exp(x[i]);
+    return y;
+}
+
+#define KERNELS(T, V, VI, SUFFIX, LOWEST, LOG, LOG1P, EXP1)                                                 \
+static inline __attribute__((always_inline)) V load_##SUFFIX(const T *p) { V v; memcpy(&v, p, sizeof v); return v; } \
+static inline __attribute__((always_inline)) void store_##SUFFIX(T *p, V v) { memcpy(p, &v, sizeof v); }   \
+                                                                                                            \
+/* the terms of the item whose reads start at base[r] (its K instances, -inf where masked) into          \
+ * t[0:K], and -inf up to the next multiple of the vector width */                                         \
+static inline __attribute__((always_inline)) void terms_##SUFFIX(const Step *s, T *const *src,             \
+                                                                 const int64_t *base, int64_t *coords, T *t) { \
+    for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                                  \
+    const int64_t last = s->n - 1, inner = s->n > s->nL ? s->sizes[last] : 1;                              \
+    int64_t k = 0;                                                                                          \
+    do {                                                                                                    \
+        T *restrict out = t + k;                                                                            \
+        if (s->R == 0) for (int64_t i = 0; i < inner; i++) out[i] = 0;                                     \
+        for (int64_t r = 0; r < s->R; r++) {                                                               \
+            const int64_t *rd = s->reads + r * (2 + s->n);                                                 \
+            int64_t at = base[r];                                                                           \
+            for (int64_t d = s->nL; d < last; d++) at += rd[2 + d] * coords[d];                           \
+            const T *restrict x = src[r] + at;                                                              \
+            const int64_t st = s->n > s->nL ? rd[2 + last] : 0;                                            \
+            if (r == 0 && st == 1) for (int64_t i = 0; i < inner; i++) out[i] = x[i];                      \
+            else if (r == 0) for (int64_t i = 0; i < inner; i++) out[i] = x[i * st];                       \
+            else if (st == 1) for (int64_t i = 0; i < inner; i++) out[i] += x[i];                          \
+            else for (int64_t i = 0; i < inner; i++) out[i] += x[i * st];                                  \
+        }                                                                                                   \
+        if (s->M) {                                                                                         \
+            for (int64_t i = 0; i < inner; i++) {                                                          \
+                if (s->n > s->nL) coords[last] = i;                                                        \
+                if (!holds(s, coords)) out[i] = -INFINITY;                                                 \
+            }                                                                                               \
+            if (s->n > s->nL) coords[last] = 0;                                                            \
+        }                                                                                                   \
+        k += inner;                                                                                         \
+    } while (s->n - 1 > s->nL && next(coords, s->sizes, s->nL, last));                                    \
+    for (; k % LANES_##SUFFIX; k++) t[k] = -INFINITY;                                                      \
+}                                                                                                           \
+                                                                                                            \
+/* log Σ exp(t[0:K]) (the max clamped to the finite range, as execute._logsumexp_); t padded */            \
+static inline __attribute__((always_inline)) T logsumexp_##SUFFIX(const T *t, int64_t K) {                 \
+    V mv = load_##SUFFIX(t);                                                                                \
+    for (int64_t k = LANES_##SUFFIX; k < K; k += LANES_##SUFFIX) {                                         \
+        V x = load_##SUFFIX(t + k);                                                                         \
+        VI gt = x > mv;                                                                                     \
+        mv = (V)(((VI)x & gt) | ((VI)mv & ~gt));                                                           \
+    }                                                                                                       \
+    T m = LOWEST;                                                                                           \
+    for (int i = 0; i < LANES_##SUFFIX; i++) m = mv[i] > m ? mv[i] : m;                                    \
+    if (m > -LOWEST) m = -LOWEST;                                                                           \
+    V sv = {0};                                                                                          \
+    for (int64_t k = 0; k < K; k += LANES_##SUFFIX) sv += exp_##SUFFIX(load_##SUFFIX(t + k) - m);          \
+    T sum = 0;                                                                                              \
+    for (int i = 0; i < LANES_##SUFFIX; i++) sum += sv[i];                                                 \
+    return LOG(sum) + m;                                                                                    \
+}                                                                                                           \
+                                                                                                            \
+static T logaddexp_##SUFFIX(T a, T b) {                                                                    \
+    T m = a > b ? a : b;                                                                                    \
+    if (isnan(a) || isnan(b)) return a + b;                                                                 \
+    if (isinf(m)) return m;                                                                                 \
+    T d = a - b;                                                                                            \
+    return m + LOG1P(EXP1(d < 0 ? d : -d));                                                                 \
+}                                                                                                           \
+                                                                                                            \
+/* the batch's b: where every read and head starts */                                                      \
+static inline __attribute__((always_inline)) void place_##SUFFIX(const Step *s, const int64_t *table,      \
+                                                                 int64_t b, T **src, T **dst) {             \
+    for (int64_t r = 0; r < s->R; r++) {                                                                   \
+        const int64_t *rd = s->reads + r * (2 + s->n);                                                     \
+        src[r] = (T *)(intptr_t)table[2 * rd[0]] + b * table[2 * rd[0] + 1] + rd[1];                       \
+    }                                                                                                       \
+    for (int64_t h = 0; h < s->H; h++) {                                                                   \
+        const int64_t *hd = s->heads + h * (2 + s->nL);                                                    \
+        dst[h] = (T *)(intptr_t)table[2 * hd[0]] + b * table[2 * hd[0] + 1] + hd[1];                       \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+/* the offsets of every read and head at the item coords[0:nL] */                                          \
+static inline __attribute__((always_inline)) void item_offsets_##SUFFIX(const Step *s, const int64_t *coords, \
+                                                                        int64_t *rbase, int64_t *hbase) {   \
+    for (int64_t r = 0; r < s->R; r++) {                                                                   \
+        const int64_t *rd = s->reads + r * (2 + s->n);                                                     \
+        int64_t at = 0;                                                                                     \
+        for (int64_t d = 0; d < s->nL; d++) at += rd[2 + d] * coords[d];                                   \
+        rbase[r] = at;                                                                                      \
+    }                                                                                                       \
+    for (int64_t h = 0; h < s->H; h++) {                                                                   \
+        const int64_t *hd = s->heads + h * (2 + s->nL);                                                    \
+        int64_t at = 0;                                                                                     \
+        for (int64_t d = 0; d < s->nL; d++) at += hd[2 + d] * coords[d];                                   \
+        hbase[h] = at;                                                                                      \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+static int empty_##SUFFIX(const Step *s) {                                                                 \
+    for (int64_t d = 0; d < s->nL; d++) if (s->sizes[d] == 0) return 1;                                    \
+    return 0;                                                                                               \
+}                                                                                                           \
+                                                                                                            \
+VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,      \
+                                                T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
+    int64_t coords[MAXDIM];                                                                                 \
+    if (empty_##SUFFIX(s)) return;                                                                          \
+    for (int64_t b = 0; b < B; b++) {                                                                       \
+        place_##SUFFIX(s, table, b, src, dst);                                                              \
+        memset(coords, 0, sizeof coords);                                                                   \
+        do {                                                                                                \
+            item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
+            terms_##SUFFIX(s, src, rbase, coords, t);                                                       \
+            T v = s->n == s->nL ? t[0] : s->K ? logsumexp_##SUFFIX(t, s->K) : (T)-INFINITY;                \
+            for (int64_t h = 0; h < s->H; h++) {                                                           \
+                T *y = dst[h] + hbase[h];                                                                   \
+                *y = s->accumulate ? logaddexp_##SUFFIX(*y, v) : v;                                         \
+            }                                                                                               \
+        } while (next(coords, s->sizes, 0, s->nL));                                                         \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table,           \
+                                                 const int64_t *gtable, T *t, T **src, T **dst, T **gsrc,   \
+                                                 T **gdst, int64_t *rbase, int64_t *hbase) {                \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int pass = s->n == s->nL && !s->shared; /* one instance per item: its gradient passes */         \
+    if (empty_##SUFFIX(s)) return;                                                                          \
+    for (int64_t b = 0; b < B; b++) {                                                                       \
+        place_##SUFFIX(s, table, b, src, dst);                                                              \
+        place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
+        memset(coords, 0, sizeof coords);                                                                   \
+        do {                                                                                                \
+            item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
+            T g = 0;                                                                                        \
+            for (int64_t h = 0; h < s->H; h++) g += gdst[h][hbase[h]];                                     \
+            if (g == 0) continue; /* (exp(.) * 0 is 0 for every finite weight) */                          \
+            if (pass) {                                                                                     \
+                t[0] = g;                                                                                   \
+            } else {                                                                                        \
+                terms_##SUFFIX(s, src, rbase, coords, t);                                                   \
+                T item = dst[0][hbase[0]];                                                                  \
+                if (item < LOWEST) item = LOWEST;                                                           \
+                if (item > -LOWEST) item = -LOWEST;                                                         \
+                for (int64_t k = 0; k < s->K; k += LANES_##SUFFIX)                                          \
+                    store_##SUFFIX(t + k, exp_##SUFFIX(load_##SUFFIX(t + k) - item) * g);                   \
+            }                                                                                               \
+            for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                          \
+            const int64_t last = s->n - 1, inner = s->n > s->nL ? s->sizes[last] : 1;                      \
+            int64_t k = 0;                                                                                  \
+            do {                                                                                            \
+                const T *restrict w = t + k;                                                                \
+                for (int64_t r = 0; r < s->R; r++) {                                                       \
+                    const int64_t *rd = s->reads + r * (2 + s->n);                                         \
+                    int64_t at = rbase[r];                                                                  \
+                    for (int64_t d = s->nL; d < last; d++) at += rd[2 + d] * coords[d];                   \
+                    T *restrict gx = gsrc[r] + at;                                                          \
+                    const int64_t st = s->n > s->nL ? rd[2 + last] : 0;                                    \
+                    if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += w[i];                        \
+                    else if (st == 0) { T a = 0; for (int64_t i = 0; i < inner; i++) a += w[i]; gx[0] += a; } \
+                    else for (int64_t i = 0; i < inner; i++) gx[i * st] += w[i];                           \
+                }                                                                                           \
+                k += inner;                                                                                 \
+            } while (s->n - 1 > s->nL && next(coords, s->sizes, s->nL, last));                            \
+            for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                          \
+        } while (next(coords, s->sizes, 0, s->nL));                                                         \
+    }                                                                                                       \
+}
+
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2,fma", "default"))) /* chosen at load time */
+#else
+#define VECTOR_CLONES
+#endif
+
+KERNELS(double, vd, vid, f64, -DBL_MAX, log, log1p, exp)
+KERNELS(float, vf, vif, f32, -FLT_MAX, logf, log1pf, expf)
+
+/* the level's steps: their count, and the largest K and R/H (scratch sizes); -1 on a bad descriptor */
+static int64_t scan_level(const int64_t *p, Py_ssize_t len, int64_t *maxK, int64_t *maxRH) {
+    const int64_t *end = p + len;
+    if (len < 1) return -1;
+    int64_t count = *p++;
+    *maxK = 1; *maxRH = 1;
+    for (int64_t i = 0; i < count; i++) {
+        Step s;
+        if (end - p < 7) return -1;
+        p = parse(p, &s);
+        if (p > end || !check(&s)) return -1;
+        if (s.K > *maxK) *maxK = s.K;
+        if (s.R > *maxRH) *maxRH = s.R;
+        if (s.H > *maxRH) *maxRH = s.H;
+    }
+    return p == end ? count : -1;
+}
+
+static PyObject *run(PyObject *args, int backward) {
+    int is_double;
+    Py_ssize_t B;
+    Py_buffer table, gtable = {0}, level;
+    if (backward) {
+        if (!PyArg_ParseTuple(args, "pny*y*y*", &is_double, &B, &table, &gtable, &level)) return NULL;
+    } else if (!PyArg_ParseTuple(args, "pny*y*", &is_double, &B, &table, &level)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int64_t maxK, maxRH;
+    const int64_t *p = (const int64_t *)level.buf;
+    int64_t count = scan_level(p, level.len / (Py_ssize_t)sizeof(int64_t), &maxK, &maxRH);
+    size_t item = is_double ? sizeof(double) : sizeof(float);
+    void *t = NULL, **ptrs = NULL;
+    int64_t *offs = NULL;
+    if (count < 0) {
+        PyErr_SetString(PyExc_ValueError, "a malformed level descriptor");
+        goto done;
+    }
+    t = malloc((maxK + 8) * item);
+    ptrs = malloc(4 * maxRH * sizeof(void *));
+    offs = malloc(2 * maxRH * sizeof(int64_t));
+    if (!t || !ptrs || !offs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    p++;
+    const int64_t *tab = (const int64_t *)table.buf, *gtab = backward ? (const int64_t *)gtable.buf : NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < count; i++) {
+        Step s;
+        p = parse(p, &s);
+        if (is_double) {
+            double **q = (double **)ptrs;
+            if (backward) backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            else forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
+        } else {
+            float **q = (float **)ptrs;
+            if (backward) backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            else forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    free(t);
+    free(ptrs);
+    free(offs);
+    PyBuffer_Release(&table);
+    if (backward) PyBuffer_Release(&gtable);
+    PyBuffer_Release(&level);
+    return result;
+}
+
+static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); }
+static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1); }
+
+static PyMethodDef methods[] = {
+    {"forward", forward, METH_VARARGS, "forward(double, B, table, level): the level's Log items into their heads"},
+    {"backward", backward, METH_VARARGS, "backward(double, B, table, grads, level): the level's gradients"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__kernel(void) { return PyModule_Create(&module); }

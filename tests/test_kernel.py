@@ -1,0 +1,115 @@
+"""The C kernel of the Log semiring's levels (:mod:`semiring.language.kernel`) computes what the
+torch calls compute, and what the reference interpreter computes: values and gradients of every
+program of the suite, float64 and float32, with random lengths and forbidden (-inf) entries; and it
+is the path the CPU takes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import semiring as sr
+from semiring.language import kernel
+from semiring.language.reference import interpret
+from structures import ConstituencyCRF, ProjectiveDependencyCRF
+from structures.projective import _MULTI_ROOT
+from test_reference import B, PROGRAMS
+
+pytestmark = pytest.mark.skipif(kernel._kernel is None, reason="the optional C extension is not built")
+
+
+def run(name: str, dtype: torch.dtype):
+    """(text, inputs, lengths) of a program of test_reference, floating inputs in ``dtype``."""
+    text, make = PROGRAMS[name]
+    g = torch.Generator().manual_seed(11)
+    inputs, lengths = make(g)
+    program = sr.program(text)
+    if lengths is None and program.syntax.lengths:
+        _, shapes = program.shapes(inputs)
+        allowed = program.lengths_allowed(shapes)
+        lengths = torch.from_numpy(allowed[torch.randint(len(allowed), (B,), generator=g).numpy()])
+    inputs = {k: v.to(dtype) if v.dtype.is_floating_point else v for k, v in inputs.items()}
+    return text, inputs, lengths
+
+
+def value_and_gradients(text, inputs, lengths):
+    floats = {k: v.clone().requires_grad_() for k, v in inputs.items() if v.dtype.is_floating_point}
+    out = sr.program(text)(sr.Log, lengths=lengths, **{**inputs, **floats})
+    grads = torch.autograd.grad(out[out.isfinite()].sum(), list(floats.values()), allow_unused=True)
+    return out.detach(), [torch.zeros_like(x) if g is None else g for x, g in zip(floats.values(), grads)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_the_kernel_equals_the_torch_calls_and_the_interpreter(name, dtype):
+    text, inputs, lengths = run(name, dtype)
+    value, grads = value_and_gradients(text, inputs, lengths)
+    with kernel.disabled():
+        value_torch, grads_torch = value_and_gradients(text, inputs, lengths)
+    tolerance = {} if dtype is torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    assert_close(value, value_torch, **tolerance)
+    for g, gt in zip(grads, grads_torch):
+        assert_close(g, gt, **tolerance)
+    expected = interpret(text, sr.Log, lengths=lengths, **{k: v.double() if v.dtype.is_floating_point else v for k, v in inputs.items()})
+    assert_close(value.double(), expected, **tolerance)
+
+
+def test_the_cpu_runs_eisner_and_cky_in_the_kernel():
+    """Every level of the projective and constituency programs is packed for the kernel (none
+    falls back to torch calls), and a run on the CPU binds it."""
+    for dist in (ProjectiveDependencyCRF(torch.randn(2, 7, 7)), ConstituencyCRF(torch.randn(2, 6, 6, 3))):
+        dist.partition
+        plans = list(dist.program._plans.values())
+        assert plans and all(p.packed is not None for p in plans)
+        for p in plans:
+            assert all(d is not None for d in p.packed.forward + p.packed.backward)
+    with kernel.disabled():
+        assert not kernel.available()
+    assert kernel.available()
+
+
+def test_the_kernel_gives_exact_gradients_in_float64():
+    arc = torch.randn(2, 6, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a: ProjectiveDependencyCRF(a).partition, (arc,))
+    span = torch.randn(2, 5, 5, 2, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda s: ConstituencyCRF(s).partition, (span,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_extreme_entries_give_what_the_torch_calls_give(dtype):
+    """-inf everywhere (no structure), +inf, NaN and huge magnitudes."""
+    base = torch.randn(4, 6, 6, dtype=dtype) * 50
+    base[0] = -math.inf
+    base[1, 2, 3] = math.inf
+    base[2, 1, 4] = math.nan
+    base[3] *= 1e30 if dtype is torch.float64 else 1e5
+    eisner = sr.program(_MULTI_ROOT)
+    for scores in (base, base.clamp(-1e3, 1e3)):
+        got = eisner(sr.Log, arc=scores)
+        with kernel.disabled():
+            expected = eisner(sr.Log, arc=scores)
+        assert_close(got, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_the_kernel_exp_is_exact_over_its_whole_range(dtype):
+    """The kernel's own vector exp, seen through ``goal += a[k]`` (log Σ exp) on rows ``[0, d, ...]``:
+    values and gradients (the softmax) as torch's in float64, for differences d from -1e4 to 0, one
+    row of 97 evenly spaced differences per example."""
+    d = torch.cat([-torch.logspace(-8, 4, 200, dtype=torch.float64), torch.tensor([0.0, -87.0, -87.5, -88.5, -700.0, -708.5, -745.0])])
+    a = torch.stack([d, torch.zeros_like(d)], -1)
+    a = torch.cat([a, torch.linspace(-110, 0, 97, dtype=torch.float64).expand(3, -1)[:, :2] + 0], 0)
+    a = a.to(dtype).requires_grad_()
+    got = sr.program("goal += a[k]")(sr.Log, a=a)
+    (grad,) = torch.autograd.grad(got.sum(), a)
+    exact = a.detach().double().requires_grad_()
+    expected = torch.logsumexp(exact, -1)
+    (grad_expected,) = torch.autograd.grad(expected.sum(), exact)
+    tol = dict(rtol=1e-15, atol=1e-15) if dtype is torch.float64 else dict(rtol=1e-5, atol=1e-6)  # (float32: the item, rounded, enters every weight)
+    assert_close(got.double(), expected, **tol)
+    assert_close(grad.double(), grad_expected, **tol)
+    spread = torch.linspace(-120, 0, 97, dtype=torch.float64).reshape(1, -1).to(dtype)
+    assert_close(sr.program("goal += a[k]")(sr.Log, a=spread).double(), torch.logsumexp(spread.double(), -1), **tol)
