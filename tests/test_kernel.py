@@ -60,12 +60,12 @@ def test_the_kernel_equals_the_torch_calls_and_the_interpreter(name, dtype):
 def test_the_cpu_runs_eisner_and_cky_in_the_kernel():
     """Every level of the projective and constituency programs is packed for the kernel (none
     falls back to torch calls), and a run on the CPU binds it."""
-    for dist in (ProjectiveDependencyCRF(torch.randn(2, 7, 7)), ConstituencyCRF(torch.randn(2, 6, 6, 3))):
-        dist.partition
-        plans = list(dist.program._plans.values())
-        assert plans and all(p.packed is not None for p in plans)
-        for p in plans:
-            assert all(d is not None for d in p.packed.forward + p.packed.backward)
+    for text, inputs in ((_MULTI_ROOT, dict(arc=torch.randn(2, 7, 7))), (ConstituencyCRF.program.text, dict(score=torch.randn(2, 6, 6, 3)))):
+        program = sr.program(text)
+        program(sr.Log, **inputs)
+        (plan,) = program._plans.values()
+        assert plan.packed is not None
+        assert all(d is not None for d in plan.packed.forward + plan.packed.backward)
     with kernel.disabled():
         assert not kernel.available()
     assert kernel.available()
@@ -113,3 +113,27 @@ def test_the_kernel_exp_is_exact_over_its_whole_range(dtype):
     assert_close(grad.double(), grad_expected, **tol)
     spread = torch.linspace(-120, 0, 97, dtype=torch.float64).reshape(1, -1).to(dtype)
     assert_close(sr.program("goal += a[k]")(sr.Log, a=spread).double(), torch.logsumexp(spread.double(), -1), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_the_kernel_logaddexp_is_exact(dtype):
+    """Two rules writing the same items without a sum (the second ⊕-ed into the first's, as CTC's
+    three moves are): torch.logaddexp's values and gradients, over differences from 0 to -1e4 and
+    infinite entries."""
+    d = torch.cat([-torch.logspace(-8, 4, 300, dtype=torch.float64), torch.tensor([0.0, -math.inf, math.inf])])
+    a = torch.stack([torch.randn(len(d), dtype=torch.float64) * 30, torch.zeros(len(d), dtype=torch.float64)], -1)
+    b = a + torch.stack([d, d], -1)
+    b[-1, 0] = -math.inf  # (both -inf in the last row's first item)
+    a[-1, 0] = -math.inf
+    a, b = a.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()
+    both = sr.program("x[i] = a[i]\nx[i] += b[i]\ngoal += x[0] * x[1]")
+    got = both(sr.Log, a=a, b=b)
+    ga, gb = torch.autograd.grad(got[got.isfinite()].sum(), (a, b))
+    exact_a, exact_b = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    expected = torch.logaddexp(exact_a, exact_b).sum(-1)
+    ea, eb = torch.autograd.grad(expected[expected.isfinite()].sum(), (exact_a, exact_b))
+    tol = dict(rtol=1e-14, atol=1e-14) if dtype is torch.float64 else dict(rtol=1e-6, atol=1e-6)
+    assert_close(got.double(), expected, equal_nan=True, **tol)  # (the last row: -inf + inf)
+    assert_close(ga.double()[:-1], ea[:-1], **tol)  # (torch.logaddexp's gradient at two -inf is nan)
+    assert_close(gb.double()[:-1], eb[:-1], **tol)
+    assert ga[-1].isfinite().all() and gb[-1].isfinite().all()

@@ -131,6 +131,42 @@ static inline __attribute__((always_inline)) vd exp_f64(vd x) {
     return y;
 }
 
+/* log(1 + e) for e in [0, 1] (logaddexp's correction): 2 atanh(u), u = e / (2 + e) in [0, 1/3], by
+ * its odd series (8 terms for float, 17 for double: below half an ulp), relative to e as e -> 0 */
+static inline __attribute__((always_inline)) vf log1p_f32(vf e) {
+    vf u = e / (2.0f + e), u2 = u * u, p = (vf){0} + 2.0f / 15;
+    for (int k = 6; k >= 0; k--) p = p * u2 + 2.0f / (2 * k + 1);
+    return u * p;
+}
+
+static inline __attribute__((always_inline)) vd log1p_f64(vd e) {
+    vd u = e / (2.0 + e), u2 = u * u, p = (vd){0} + 2.0 / 33;
+    for (int k = 15; k >= 0; k--) p = p * u2 + 2.0 / (2 * k + 1);
+    return u * p;
+}
+
+/* y[i * hs] = logaddexp(y[i * hs], t[i]) for i < inner, LANES at a time (t padded) */
+#define LOGADDEXP_ROW(T, V, VI, SUFFIX)                                                                     \
+static inline __attribute__((always_inline)) void logaddexp_row_##SUFFIX(T *y, int64_t hs, const T *t,      \
+                                                                         int64_t inner) {                   \
+    const V inf = (V){0} + INFINITY;                                                                        \
+    for (int64_t k = 0; k < inner; k += LANES_##SUFFIX) {                                                   \
+        V a, b;                                                                                             \
+        memcpy(&b, t + k, sizeof b);                                                                        \
+        for (int i = 0; i < LANES_##SUFFIX; i++) a[i] = k + i < inner ? y[(k + i) * hs] : -INFINITY;        \
+        VI ge = a >= b;                                                                                     \
+        V m = (V)(((VI)a & ge) | ((VI)b & ~ge)), lo = (V)(((VI)b & ge) | ((VI)a & ~ge));                  \
+        V r = m + log1p_##SUFFIX(exp_##SUFFIX(lo - m));                                                     \
+        VI odd = (m == inf) | (m == -inf);                                                                  \
+        r = (V)(((VI)m & odd) | ((VI)r & ~odd));                                                            \
+        VI nan = (a != a) | (b != b);                                                                       \
+        r = (V)(((VI)(a + b) & nan) | ((VI)r & ~nan));                                                      \
+        for (int i = 0; i < LANES_##SUFFIX && k + i < inner; i++) y[(k + i) * hs] = r[i];                   \
+    }                                                                                                       \
+}
+LOGADDEXP_ROW(float, vf, vif, f32)
+LOGADDEXP_ROW(double, vd, vid, f64)
+
 #define KERNELS(T, V, VI, SUFFIX, LOWEST, LOG, LOG1P, EXP1)                                                 \
 static inline __attribute__((always_inline)) V load_##SUFFIX(const T *p) { V v; memcpy(&v, p, sizeof v); return v; } \
 static inline __attribute__((always_inline)) void store_##SUFFIX(T *p, V v) { memcpy(p, &v, sizeof v); }   \
@@ -229,12 +265,97 @@ static int empty_##SUFFIX(const Step *s) {                                      
     return 0;                                                                                               \
 }                                                                                                           \
                                                                                                             \
+/* steps without K (one instance per item: CTC's, a chain's unary terms), a row of items at a time    \
+ * along the last L coordinate (no per-item bookkeeping); room: the length of each scratch row */       \
+static inline __attribute__((always_inline)) void row_terms_##SUFFIX(const Step *s, T *const *src,         \
+                                                                     const int64_t *rbase, int64_t *coords, \
+                                                                     int64_t inner, T *t) {                 \
+    const int64_t last = s->nL - 1;                                                                         \
+    if (s->R == 0) for (int64_t i = 0; i < inner; i++) t[i] = 0;                                           \
+    for (int64_t r = 0; r < s->R; r++) {                                                                   \
+        const T *restrict x = src[r] + rbase[r];                                                            \
+        const int64_t st = s->reads[r * (2 + s->n) + 2 + last];                                            \
+        if (r == 0) for (int64_t i = 0; i < inner; i++) t[i] = x[i * st];                                  \
+        else if (st == 1) for (int64_t i = 0; i < inner; i++) t[i] += x[i];                                \
+        else for (int64_t i = 0; i < inner; i++) t[i] += x[i * st];                                        \
+    }                                                                                                       \
+    if (s->M) {                                                                                             \
+        for (int64_t i = 0; i < inner; i++) {                                                              \
+            coords[last] = i;                                                                               \
+            if (!holds(s, coords)) t[i] = -INFINITY;                                                       \
+        }                                                                                                   \
+        coords[last] = 0;                                                                                   \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const Step *s, T *const *src,      \
+                                                                        T *const *dst, int64_t *rbase,      \
+                                                                        int64_t *hbase, T *t) {             \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int64_t last = s->nL - 1, inner = s->sizes[last];                                                \
+    memset(coords, 0, sizeof coords);                                                                       \
+    do {                                                                                                    \
+        item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
+        row_terms_##SUFFIX(s, src, rbase, coords, inner, t);                                                \
+        for (int64_t k = inner; k % LANES_##SUFFIX; k++) t[k] = -INFINITY;                                 \
+        for (int64_t h = 0; h < s->H; h++) {                                                               \
+            T *restrict y = dst[h] + hbase[h];                                                              \
+            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
+            if (s->accumulate) logaddexp_row_##SUFFIX(y, hs, t, inner);                                    \
+            else for (int64_t i = 0; i < inner; i++) y[i * hs] = t[i];                                     \
+        }                                                                                                   \
+    } while (next(coords, s->sizes, 0, last));                                                              \
+}                                                                                                           \
+                                                                                                            \
+static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const Step *s, T *const *src,     \
+                                                                         T *const *dst, T *const *gsrc,     \
+                                                                         T *const *gdst, int64_t *rbase,    \
+                                                                         int64_t *hbase, T *t, int64_t room) { \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int64_t last = s->nL - 1, inner = s->sizes[last];                                                \
+    T *restrict g = t + room;                                                                               \
+    memset(coords, 0, sizeof coords);                                                                       \
+    do {                                                                                                    \
+        item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
+        for (int64_t i = 0; i < inner; i++) g[i] = 0;                                                      \
+        for (int64_t h = 0; h < s->H; h++) {                                                               \
+            const T *restrict gy = gdst[h] + hbase[h];                                                      \
+            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
+            for (int64_t i = 0; i < inner; i++) g[i] += gy[i * hs];                                        \
+        }                                                                                                   \
+        if (s->shared) { /* the weights exp(term - item), where several rules write the items */           \
+            row_terms_##SUFFIX(s, src, rbase, coords, inner, t);                                            \
+            const T *restrict y = dst[0] + hbase[0];                                                        \
+            const int64_t hs = s->heads[2 + last];                                                          \
+            for (int64_t i = 0; i < inner; i++) {                                                          \
+                T item = y[i * hs];                                                                         \
+                item = item < LOWEST ? LOWEST : item > -LOWEST ? -LOWEST : item;                            \
+                t[i] -= item;                                                                               \
+            }                                                                                               \
+            int64_t k = inner;                                                                              \
+            for (; k % LANES_##SUFFIX; k++) t[k] = -INFINITY;                                              \
+            for (k = 0; k < inner; k += LANES_##SUFFIX) store_##SUFFIX(t + k, exp_##SUFFIX(load_##SUFFIX(t + k))); \
+            for (int64_t i = 0; i < inner; i++) g[i] = g[i] == 0 ? 0 : t[i] * g[i];                       \
+        }                                                                                                   \
+        for (int64_t r = 0; r < s->R; r++) {                                                               \
+            T *restrict gx = gsrc[r] + rbase[r];                                                            \
+            const int64_t st = s->reads[r * (2 + s->n) + 2 + last];                                        \
+            if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += g[i];                                \
+            else for (int64_t i = 0; i < inner; i++) gx[i * st] += g[i];                                   \
+        }                                                                                                   \
+    } while (next(coords, s->sizes, 0, last));                                                              \
+}                                                                                                           \
+                                                                                                            \
 VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,      \
                                                 T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
     int64_t coords[MAXDIM];                                                                                 \
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = 0; b < B; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
+        if (s->n == s->nL && s->nL) {                                                                       \
+            forward_rows_##SUFFIX(s, src, dst, rbase, hbase, t);                                            \
+            continue;                                                                                       \
+        }                                                                                                   \
         memset(coords, 0, sizeof coords);                                                                   \
         do {                                                                                                \
             item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
@@ -249,14 +370,18 @@ VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const 
 }                                                                                                           \
                                                                                                             \
 VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table,           \
-                                                 const int64_t *gtable, T *t, T **src, T **dst, T **gsrc,   \
-                                                 T **gdst, int64_t *rbase, int64_t *hbase) {                \
+                                                 const int64_t *gtable, T *t, int64_t room, T **src, T **dst, \
+                                                 T **gsrc, T **gdst, int64_t *rbase, int64_t *hbase) {      \
     int64_t coords[MAXDIM];                                                                                 \
     const int pass = s->n == s->nL && !s->shared; /* one instance per item: its gradient passes */         \
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = 0; b < B; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
+        if (s->n == s->nL && s->nL) {                                                                       \
+            backward_rows_##SUFFIX(s, src, dst, gsrc, gdst, rbase, hbase, t, room);                         \
+            continue;                                                                                       \
+        }                                                                                                   \
         memset(coords, 0, sizeof coords);                                                                   \
         do {                                                                                                \
             item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
@@ -316,6 +441,7 @@ static int64_t scan_level(const int64_t *p, Py_ssize_t len, int64_t *maxK, int64
         p = parse(p, &s);
         if (p > end || !check(&s)) return -1;
         if (s.K > *maxK) *maxK = s.K;
+        if (s.n == s.nL && s.nL && s.sizes[s.nL - 1] > *maxK) *maxK = s.sizes[s.nL - 1]; /* a row */
         if (s.R > *maxRH) *maxRH = s.R;
         if (s.H > *maxRH) *maxRH = s.H;
     }
@@ -342,7 +468,8 @@ static PyObject *run(PyObject *args, int backward) {
         PyErr_SetString(PyExc_ValueError, "a malformed level descriptor");
         goto done;
     }
-    t = malloc((maxK + 8) * item);
+    const int64_t room = maxK + 8; /* a scratch row, padded to the vector width */
+    t = malloc(2 * room * item);
     ptrs = malloc(4 * maxRH * sizeof(void *));
     offs = malloc(2 * maxRH * sizeof(int64_t));
     if (!t || !ptrs || !offs) {
@@ -357,11 +484,11 @@ static PyObject *run(PyObject *args, int backward) {
         p = parse(p, &s);
         if (is_double) {
             double **q = (double **)ptrs;
-            if (backward) backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            if (backward) backward_step_f64(&s, B, tab, gtab, t, room, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
             else forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
         } else {
             float **q = (float **)ptrs;
-            if (backward) backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            if (backward) backward_step_f32(&s, B, tab, gtab, t, room, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
             else forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
         }
     }
