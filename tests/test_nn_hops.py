@@ -17,13 +17,14 @@ def facts(batch=B, hops=K, n=F, dim=D, dtype=torch.float32, seed=0):
     return make(batch, hops, n, dim), make(batch, hops, n, dim), make(batch, hops, dim)
 
 
-LAYERS = [HopAttention("binary"), HopAttention("unary"), HopAttention("binary", linear=True), HopAttention("unary", no_repeat=True)]
+LAYERS = [HopAttention("binary"), HopAttention("unary"), HopAttention("binary", linear=True), HopAttention("unary", no_repeat=True),
+          HopAttention("binary", link="outputs"), HopAttention("binary", linear=True, link="outputs"), HopAttention("unary", linear=True)]
 
 
 def name(layer) -> str:
     if isinstance(layer, MemoryHopAttention):
         return f"memn2n-linear={layer.linear}"
-    return f"{layer.kind}-no_repeat={layer.no_repeat}-linear={layer.linear}"
+    return f"{layer.kind}-no_repeat={layer.no_repeat}-linear={layer.linear}-link={layer.link}"
 
 
 def run(layer, inputs, outputs, queries, lengths=None):
@@ -37,7 +38,7 @@ def test_shapes(layer):
     out = run(layer, *facts())
     assert isinstance(out, AttentionOutput)
     assert out.context.shape == (B, D) and out.attention.shape == (B, K, F)
-    if isinstance(layer, HopAttention):
+    if isinstance(layer, HopAttention) and not layer.linear:
         assert out.distribution.decode().shape == (B, K)
         torch.testing.assert_close(out.attention.sum(-1), torch.ones(B, K))
     else:
@@ -65,17 +66,20 @@ def test_context_is_the_expected_output_embedding_under_the_hop_marginals():
     torch.testing.assert_close(out.context, torch.einsum("bkf,bkfd->bd", out.attention, outputs))
 
 
-def test_binary_marginals_are_those_of_the_papers_chain_by_enumeration():
-    """p(z) ∝ exp Σ_k θ_{k,k+1}(z_k, z_{k+1}) with θ from A.4 (log_softmax query scores), no repeats."""
+@pytest.mark.parametrize("link", ["inputs", "outputs"])
+def test_binary_marginals_are_those_of_the_papers_chain_by_enumeration(link):
+    """p(z) ∝ exp Σ_k θ_{k,k+1}(z_k, z_{k+1}) with θ from A.4 (log_softmax query scores), no repeats;
+    the link term x^k_i · x^{k+1}_j (A.4) or o^k_i · x^{k+1}_j."""
     inputs, outputs, queries = facts(batch=1, dtype=torch.float64)
-    out = HopAttention("binary")(inputs, outputs, queries)
+    out = HopAttention("binary", link=link)(inputs, outputs, queries)
     s = torch.log_softmax(torch.einsum("kfd,kd->kf", inputs[0], queries[0]), -1)
+    source = inputs if link == "inputs" else outputs
     weights = torch.zeros(K, F, dtype=torch.float64)
     total = 0.0
     for z in itertools.product(range(F), repeat=K):
         if any(z[k] == z[k + 1] for k in range(K - 1)):
             continue
-        score = sum(s[k, z[k]] + inputs[0, k, z[k]] @ inputs[0, k + 1, z[k + 1]] + s[k + 1, z[k + 1]] for k in range(K - 1))
+        score = sum(s[k, z[k]] + source[0, k, z[k]] @ inputs[0, k + 1, z[k + 1]] + s[k + 1, z[k + 1]] for k in range(K - 1))
         p = torch.exp(score)
         total += p
         for k in range(K):
@@ -99,6 +103,45 @@ def test_binary_never_decodes_or_weighs_the_same_fact_twice_in_a_row():
     assert (pairs.diagonal(dim1=-2, dim2=-1) == 0).all()
     z = out.distribution.decode()
     assert (z[:, 1:] != z[:, :-1]).all()
+
+
+def test_the_crfs_linear_start_is_not_a_no_op():
+    """A.4's linear start (query scores without log_softmax) leaves a chain CRF's marginals as they
+    are; ours takes the hops linearly, so its weights are the raw scores' recursion instead."""
+    inputs, outputs, queries = facts()
+    for kind in ("unary", "binary"):
+        structured = HopAttention(kind)(inputs, outputs, queries)
+        linear = HopAttention(kind, linear=True)(inputs, outputs, queries)
+        assert linear.distribution is None and not torch.allclose(linear.attention, structured.attention)
+
+
+def test_linear_start_weights_follow_the_links():
+    """``w_1 = s_1``, ``w_{k+1}(j) = s_{k+1}(j) + Σ_{i ≠ j} w_k(i) l_k(i, j)``; padded facts get 0."""
+    inputs, outputs, queries = facts(dtype=torch.float64)
+    lengths = torch.tensor([5, 2, 3])
+    out = HopAttention("binary", linear=True, link="outputs")(inputs, outputs, queries, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        x, o, q = inputs[b, :, :n], outputs[b, :, :n], queries[b]
+        w = x[0] @ q[0]
+        torch.testing.assert_close(out.attention[b, 0, :n], w)
+        for k in range(1, K):
+            link = (o[k - 1] @ x[k].T).fill_diagonal_(0)
+            w = x[k] @ q[k] + w @ link
+            torch.testing.assert_close(out.attention[b, k, :n], w)
+        assert (out.attention[b, :, n:] == 0).all()
+    unary = HopAttention("unary", linear=True)(inputs, outputs, queries)
+    torch.testing.assert_close(unary.attention, torch.einsum("bkfd,bkd->bkf", inputs, queries))
+
+
+def test_two_hop_linear_start_with_output_links_is_memn2ns():
+    """With one query for both hops and repeats allowed, the binary chain's linear start with the
+    ``outputs`` link is MemN2N's linear start: ``w_2(j) = x^2_j · (q + Σ_i w_1(i) o^1_i)``."""
+    inputs, outputs, queries = facts(hops=2)
+    queries = queries[:, :1].expand(-1, 2, -1)
+    crf = HopAttention("binary", no_repeat=False, linear=True, link="outputs")(inputs, outputs, queries)
+    memn2n = MemoryHopAttention(linear=True)(inputs, outputs, queries[:, 0])
+    torch.testing.assert_close(crf.attention, memn2n.attention)
+    torch.testing.assert_close(crf.context, memn2n.context)
 
 
 def test_memn2n_hops_follow_the_updated_query():
@@ -136,6 +179,7 @@ def test_inputs_are_not_mutated():
     (lambda x, o, q: HopAttention()(x[:, :1], o[:, :1], q[:, :1]), "inputs"),  # binary needs 2 hops
     (lambda x, o, q: MemoryHopAttention()(x, o, q), "query"),
     (lambda x, o, q: HopAttention("ternary"), "kind"),
+    (lambda x, o, q: HopAttention("binary", link="queries"), "link"),
 ])
 def test_bad_input_raises_naming_the_argument(call, name):
     with pytest.raises(ValueError, match=name):

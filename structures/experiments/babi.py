@@ -122,7 +122,7 @@ class BabiModel(nn.Module):
     ``q^K + c^K``; the CRFs' ``q^K + c`` with ``q^{k+1} = Q q^k`` (``Q`` initialized to the identity).
     """
 
-    def __init__(self, kind: str, vocab_size: int, hops: int, dim: int = 20, memory_size: int = 25):
+    def __init__(self, kind: str, vocab_size: int, hops: int, dim: int = 20, memory_size: int = 25, link: str = "outputs"):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"kind: expected one of {MODELS}, got {kind!r}")
@@ -135,7 +135,7 @@ class BabiModel(nn.Module):
         if kind == "memn2n":
             self.attention = MemoryHopAttention()
         else:
-            self.attention = HopAttention(kind)
+            self.attention = HopAttention(kind, link=link)
             self.query_map = nn.Linear(dim, dim, bias=False)
             nn.init.eye_(self.query_map.weight)
 
@@ -177,9 +177,10 @@ class BabiModel(nn.Module):
         return out.attention.argmax(-1) if out.distribution is None else out.distribution.decode()
 
 
-def build_model(kind: str, task: Task, hops: int | None = None, dim: int = 20) -> BabiModel:
-    """A fresh :class:`BabiModel` for ``task`` (``hops`` defaults to the paper's K)."""
-    return BabiModel(kind, len(task.vocab), hops or hops_for(task.number), dim, task.train.stories.shape[1])
+def build_model(kind: str, task: Task, hops: int | None = None, dim: int = 20, link: str = "outputs") -> BabiModel:
+    """A fresh :class:`BabiModel` for ``task`` (``hops`` defaults to the paper's K; ``link``: the
+    binary CRF's link term, :class:`~structures.nn.HopAttention`)."""
+    return BabiModel(kind, len(task.vocab), hops or hops_for(task.number), dim, task.train.stories.shape[1], link)
 
 
 def train_epoch(model: BabiModel, data: Batch, optimizer: torch.optim.Optimizer, batch_size: int = 32,
@@ -230,6 +231,7 @@ class RunConfig:
     decay_every: int = 25
     batch_size: int = 32
     dim: int = 20
+    link: str = "outputs"
 
 
 def train_run(kind: str, task: Task, seed: int, config: RunConfig) -> tuple[BabiModel, dict]:
@@ -237,7 +239,7 @@ def train_run(kind: str, task: Task, seed: int, config: RunConfig) -> tuple[Babi
     and the 1-minute load average at its end (the machine is shared)."""
     start = time.perf_counter()
     torch.manual_seed(seed)
-    model = build_model(kind, task, dim=config.dim)
+    model = build_model(kind, task, dim=config.dim, link=config.link)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(seed)
     for epoch in range(config.epochs):
@@ -397,6 +399,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--linear-start", type=int, default=20, help="epochs without softmax (MemN2N) / log_softmax (CRFs)")
     parser.add_argument("--decay-every", type=int, default=25, help="epochs between halvings of the learning rate")
+    parser.add_argument("--link", choices=("outputs", "inputs"), default="outputs",
+                        help="the binary CRF's link between hops: o^k_i . x^{k+1}_j (default) or A.4's printed x^k_i . x^{k+1}_j")
     parser.add_argument("--runs", type=int, default=1, help="initializations per task and model; the best on validation is reported")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="one task, 200 questions, 3 epochs (seconds)")
@@ -411,7 +415,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     limit = None
     if args.quick:
         args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
-    config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every)
+    config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every, link=args.link)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m structures.experiments.babi " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     plot_kind = "binary" if "binary" in args.models else args.models[0]

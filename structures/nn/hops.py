@@ -9,8 +9,10 @@ context ``c = Σ_k Σ_i w_{k,i} o^k_i`` with the weights ``w [B, K, F]`` they ch
 - :class:`HopAttention`: the hop chain CRF of §4.3, ``w_{k,i} = p(z_k = i)`` under a K-step chain
   over the F facts (:class:`structures.HopChainCRF`), with unary potentials
   ``θ_k(i) = x^k_i · q^k`` or pairwise ones
-  ``θ_{k,k+1}(i, j) = x^k_i · q^k + x^k_i · x^{k+1}_j + x^{k+1}_j · q^{k+1}``; the queries ``q^k``
-  of every hop are given (the paper uses ``q^{k+1} = Q q^k``).
+  ``θ_{k,k+1}(i, j) = x^k_i · q^k + l_k(i, j) + x^{k+1}_j · q^{k+1}`` whose link term is A.4's
+  ``l_k(i, j) = x^k_i · x^{k+1}_j`` (``link="inputs"``) or ``o^k_i · x^{k+1}_j`` (``link="outputs"``,
+  the product MemN2N's next hop takes); the queries ``q^k`` of every hop are given (the paper uses
+  ``q^{k+1} = Q q^k``).
 
 Shapes (batch first): ``inputs [B, K, F, D]`` (``x^k_i``), ``outputs [B, K, F, D]`` (``o^k_i``),
 ``lengths [B]`` in ``1..F`` (facts ``>= lengths[b]`` are padding: their weight is exactly 0), or
@@ -18,10 +20,15 @@ Shapes (batch first): ``inputs [B, K, F, D]`` (``x^k_i``), ``outputs [B, K, F, D
 ``forward`` returns ``AttentionOutput(context [B, D], attention [B, K, F], distribution)``.
 
 *Linear start* (Sukhbaatar et al. 2015, §4.2; Kim et al. A.4): with ``linear = True`` MemN2N's
-weights are the raw scores (no softmax) and the CRF's query scores ``x^k_i · q^k`` enter the
-potentials as they are; with ``linear = False`` (the default, set it after the first epochs) the
-softmax is in place and the CRF's query scores are normalized by ``log_softmax`` over the facts
-of each hop, which keeps the potentials on the scale of log-probabilities.
+weights are the raw scores (no softmax). A.4's linear start for the CRFs (the query scores enter
+the potentials without their ``log_softmax``) changes nothing, since a chain CRF's distribution
+ignores a constant added to every fact of a hop; so with ``linear = True`` :class:`HopAttention`
+instead takes its hops greedily and linearly, as MemN2N does then: ``w_1 = s_1``,
+``w_{k+1}(j) = s_{k+1}(j) + Σ_i w_k(i) l_k(i, j)`` (binary; ``l_k`` the link term of the pairwise
+potential, 0 on forbidden repeats) or ``w_k = s_k`` (unary), with the raw ``s_k(i) = x^k_i · q^k``;
+no structure is built (``distribution`` is None). With ``linear = False`` (the default, set it
+after the first epochs) the weights are the CRF's marginals and the query scores are normalized
+by ``log_softmax`` over the facts of each hop.
 """
 
 from __future__ import annotations
@@ -50,6 +57,21 @@ def _check_facts(inputs: Tensor, outputs: Tensor, lengths: Tensor | None,
 def _masked_log_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """log_softmax over the last dim of ``scores [..., F]`` among the True entries of ``mask``; -inf elsewhere."""
     return torch.log_softmax(scores.masked_fill(~mask, float("-inf")), -1)
+
+
+def _linear_weights(scores: Tensor, links: Tensor | None, no_repeat: bool) -> Tensor:
+    """The linear start's hop weights ``[B, K, F]`` from raw query scores ``scores [B, K, F]`` (0 at
+    padded facts) and, for the binary chain, links ``[B, K-1, F, F]``: ``w_1 = s_1`` and
+    ``w_{k+1}(j) = s_{k+1}(j) + Σ_i w_k(i) l_k(i, j)`` (``l_k(i, i)`` left out under ``no_repeat``);
+    without links ``w_k = s_k``."""
+    if links is None:
+        return scores
+    if no_repeat:
+        links = links * (1 - torch.eye(links.shape[-1], dtype=links.dtype, device=links.device))
+    weights = [scores[:, 0]]
+    for k in range(links.shape[1]):
+        weights.append(scores[:, k + 1] + (weights[-1].unsqueeze(-2) @ links[:, k]).squeeze(-2))
+    return torch.stack(weights, 1)
 
 
 class MemoryHopAttention(nn.Module):
@@ -88,22 +110,29 @@ class HopAttention(nn.Module):
     2017, §4.3, A.4), built as :class:`structures.HopChainCRF`.
 
     ``kind="unary"``: potentials ``θ_k(i) = s_k(i)``, independent hops.
-    ``kind="binary"``: ``θ_{k,k+1}(i, j) = s_k(i) + x^k_i · x^{k+1}_j + s_{k+1}(j)`` for
-    ``k = 1..K-1`` (the paper's pairwise potentials; hop 1 has no potential of its own), and by
-    default (``no_repeat=None`` → True for binary, False for unary) ``θ_{k,k+1}(i, i) = -inf``.
-    Here ``s_k(i) = x^k_i · q^k``, normalized by log_softmax over the facts unless :attr:`linear`.
+    ``kind="binary"``: ``θ_{k,k+1}(i, j) = s_k(i) + l_k(i, j) + s_{k+1}(j)`` for ``k = 1..K-1``
+    (the paper's pairwise potentials; hop 1 has no potential of its own), and by default
+    (``no_repeat=None`` → True for binary, False for unary) ``θ_{k,k+1}(i, i) = -inf``. Here
+    ``s_k(i) = x^k_i · q^k``, normalized by log_softmax over the facts unless :attr:`linear`, and
+    the link ``l_k(i, j)`` is ``x^k_i · x^{k+1}_j`` (``link="inputs"``, A.4 as printed) or
+    ``o^k_i · x^{k+1}_j`` (``link="outputs"``: under adjacent weight tying ``o^k`` and ``x^{k+1}``
+    share one embedding, so a fact is most similar to itself and its kin from the start, as in
+    MemN2N's ``x^{k+1}_j · (q^k + o^k)``).
 
     ``forward(inputs [B, K, F, D], outputs [B, K, F, D], queries [B, K, D], lengths [B])`` returns
     ``context [B, D] = Σ_k Σ_i p(z_k = i) o^k_i``, ``attention = p(z_k = i) [B, K, F]`` and the
-    :class:`~structures.HopChainCRF` (``decode()`` gives the best fact sequence ``[B, K]``).
+    :class:`~structures.HopChainCRF` (``decode()`` gives the best fact sequence ``[B, K]``); while
+    :attr:`linear`, the linear start's weights (module docstring) and no distribution.
     With ``no_repeat`` and ``K >= 2`` each example needs at least 2 facts.
     """
 
-    def __init__(self, kind: str = "binary", no_repeat: bool | None = None, linear: bool = False):
+    def __init__(self, kind: str = "binary", no_repeat: bool | None = None, linear: bool = False, link: str = "inputs"):
         super().__init__()
         if kind not in ("unary", "binary"):
             raise ValueError(f"kind: expected 'unary' or 'binary', got {kind!r}")
-        self.kind = kind
+        if link not in ("inputs", "outputs"):
+            raise ValueError(f"link: expected 'inputs' or 'outputs', got {link!r}")
+        self.kind, self.link = kind, link
         self.no_repeat = kind == "binary" if no_repeat is None else no_repeat
         self.linear = linear
 
@@ -119,14 +148,19 @@ class HopAttention(nn.Module):
             raise ValueError("lengths: no_repeat needs at least 2 facts in every example")
         mask = position_mask(lengths, B, F, inputs.device)
         scores = (inputs @ queries.unsqueeze(-1)).squeeze(-1)  # [B, K, F]
-        if not self.linear:
-            # padded facts get 0 here (finite, so no NaN gradients); the structure forbids them
-            scores = _masked_log_softmax(scores, mask.unsqueeze(1)).masked_fill(~mask.unsqueeze(1), 0.0)
-        if self.kind == "unary":
+        links = None
+        if self.kind == "binary":
+            source = inputs if self.link == "inputs" else outputs
+            links = source[:, :-1] @ inputs[:, 1:].transpose(-1, -2)  # [B, K-1, F, F]: l_k(i, j)
+        if self.linear:
+            weights = _linear_weights(scores * mask.unsqueeze(1), links, self.no_repeat)
+            return AttentionOutput((weights.unsqueeze(-2) @ outputs).squeeze(-2).sum(1), weights, None)
+        # padded facts get 0 here (finite, so no NaN gradients); the structure forbids them
+        scores = _masked_log_softmax(scores, mask.unsqueeze(1)).masked_fill(~mask.unsqueeze(1), 0.0)
+        if links is None:
             crf = HopChainCRF.unary(scores, mask, self.no_repeat)
         else:
-            between = inputs[:, :-1] @ inputs[:, 1:].transpose(-1, -2)  # [B, K-1, F, F]: x^k_i · x^{k+1}_j
-            pairwise = scores[:, :-1, :, None] + between + scores[:, 1:, None, :]
+            pairwise = scores[:, :-1, :, None] + links + scores[:, 1:, None, :]
             crf = HopChainCRF.binary(scores.new_zeros(B, F), pairwise, mask, self.no_repeat)
         marginals = crf.hop_marginals  # [B, K, F], exactly 0 at padded facts
         context = (marginals.unsqueeze(-2) @ outputs).squeeze(-2).sum(1)
