@@ -74,6 +74,32 @@ def test_models_answer_over_the_vocabulary_and_select_one_fact_per_hop(task2, ki
 
 
 @needs_data
+@pytest.mark.parametrize("kind", babi.MODELS)
+def test_linear_start_changes_every_models_answers(task2, kind):
+    """MemN2N drops its softmax; the CRFs take their hops linearly (A.4's linear start, the query
+    scores without log_softmax, gave a chain CRF the very same answers)."""
+    torch.manual_seed(0)
+    model = babi.build_model(kind, task2)
+    batch = task2.test.select(slice(0, 8))
+    model.linear = True
+    linear, _ = model(batch)
+    model.linear = False
+    assert (linear - model(batch)[0]).abs().max() > 0.1  # the logits are ~0.4 at initialization
+
+
+@needs_data
+def test_the_binary_crfs_link_is_an_option(task2):
+    batch = task2.test.select(slice(0, 8))
+    logits = []
+    for link in ("outputs", "inputs"):
+        torch.manual_seed(0)
+        model = babi.build_model("binary", task2, link=link)
+        assert model.attention.link == link
+        logits.append(model(batch)[0])
+    assert not torch.allclose(*logits)
+
+
+@needs_data
 @pytest.mark.parametrize("kind", ["memn2n", "binary"])
 def test_training_lowers_the_loss(task2, kind):
     torch.manual_seed(0)

@@ -5,7 +5,10 @@ al. 2015: position encoding, temporal encoding, adjacent weight tying, K greedy 
 the unary and binary hop chain CRFs (:class:`structures.nn.HopAttention`). Each is trained per task
 on the 1K training set (10% held out for validation) with SGD, learning rate 0.01 halved every 25
 epochs for 100 epochs, gradients renormalized above norm 40, and *linear start*: for the first 20
-epochs MemN2N's attention has no softmax and the CRFs' query scores no log_softmax. The best of
+epochs MemN2N's attention has no softmax and the CRFs take their hops greedily and linearly from
+the raw scores (A.4's "no log_softmax on the query scores" would change nothing in a chain CRF;
+:class:`structures.nn.HopAttention`). The binary CRF's link between hops is ``o^k_i · x^{k+1}_j``
+by default (``--link inputs``: A.4's printed ``x^k_i · x^{k+1}_j``). The best of
 ``--runs`` initializations on validation answer accuracy is reported, with answer accuracy and
 supporting-fact sequence accuracy (MemN2N: the argmax of each hop's attention; the CRFs: the
 decoded hop chain) on the test set.
@@ -120,6 +123,7 @@ class BabiModel(nn.Module):
     ``k`` reads facts through ``E_{k-1}`` (``x^k``) and ``E_k`` (``o^k``), the question through
     ``E_0`` and the answer scores are ``(final query) E_K^T``. MemN2N's final query is
     ``q^K + c^K``; the CRFs' ``q^K + c`` with ``q^{k+1} = Q q^k`` (``Q`` initialized to the identity).
+    ``link`` is the binary CRF's link term (:class:`~structures.nn.HopAttention`).
     """
 
     def __init__(self, kind: str, vocab_size: int, hops: int, dim: int = 20, memory_size: int = 25, link: str = "outputs"):
