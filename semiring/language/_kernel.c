@@ -80,6 +80,27 @@ static int next(int64_t *coords, const int64_t *sizes, int64_t lo, int64_t hi) {
     return 0;
 }
 
+#define PITCH(inner) (((inner) + 7) / 8 * 8) /* a scratch row: a multiple of both vector widths */
+#define ROW_LIMIT (1 << 22)                     /* the most numbers a row-at-a-time step may hold */
+
+/* how a step runs: 1 a row of items at a time without K, 2 a row at a time with K (long rows), 0 item by item */
+static int path(const Step *s) {
+    if (!s->nL) return 0;
+    if (s->n == s->nL) return 1;
+    const int64_t inner = s->sizes[s->nL - 1];
+    return inner >= 4 && s->K * PITCH(inner) <= ROW_LIMIT ? 2 : 0;
+}
+
+/* the scratch numbers a step needs */
+static int64_t need(const Step *s) {
+    const int64_t pitch = s->nL ? PITCH(s->sizes[s->nL - 1]) : 8;
+    switch (path(s)) {
+    case 1: return 2 * pitch + 8;
+    case 2: return (s->K + 3) * pitch + 8;
+    default: return 2 * (s->K + 8);
+    }
+}
+
 /* exp of 8 floats / 4 doubles at a time (GCC vector extensions: AVX2 where the CPU has it,
  * target_clones below, else pairs of SSE2 registers): Cody-Waite reduction x = n ln2 + r, a Taylor
  * polynomial of r (|r| <= ln2/2: degree 7 for float, 13 for double, both below half an ulp), times 2^n
@@ -266,7 +287,7 @@ static int empty_##SUFFIX(const Step *s) {                                      
 }                                                                                                           \
                                                                                                             \
 /* steps without K (one instance per item: CTC's, a chain's unary terms), a row of items at a time    \
- * along the last L coordinate (no per-item bookkeeping); room: the length of each scratch row */       \
+ * along the last L coordinate (no per-item bookkeeping) */                                          \
 static inline __attribute__((always_inline)) void row_terms_##SUFFIX(const Step *s, T *const *src,         \
                                                                      const int64_t *rbase, int64_t *coords, \
                                                                      int64_t inner, T *t) {                 \
@@ -290,13 +311,14 @@ static inline __attribute__((always_inline)) void row_terms_##SUFFIX(const Step 
                                                                                                             \
 static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const Step *s, T *const *src,      \
                                                                         T *const *dst, int64_t *rbase,      \
-                                                                        int64_t *hbase, T *t) {             \
+                                                                        int64_t *hbase, T *t, int none) {   \
     int64_t coords[MAXDIM];                                                                                 \
     const int64_t last = s->nL - 1, inner = s->sizes[last];                                                \
     memset(coords, 0, sizeof coords);                                                                       \
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
-        row_terms_##SUFFIX(s, src, rbase, coords, inner, t);                                                \
+        if (none) for (int64_t i = 0; i < inner; i++) t[i] = -INFINITY;                                    \
+        else row_terms_##SUFFIX(s, src, rbase, coords, inner, t);                                           \
         for (int64_t k = inner; k % LANES_##SUFFIX; k++) t[k] = -INFINITY;                                 \
         for (int64_t h = 0; h < s->H; h++) {                                                               \
             T *restrict y = dst[h] + hbase[h];                                                              \
@@ -310,10 +332,10 @@ static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const St
 static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const Step *s, T *const *src,     \
                                                                          T *const *dst, T *const *gsrc,     \
                                                                          T *const *gdst, int64_t *rbase,    \
-                                                                         int64_t *hbase, T *t, int64_t room) { \
+                                                                         int64_t *hbase, T *t) {            \
     int64_t coords[MAXDIM];                                                                                 \
     const int64_t last = s->nL - 1, inner = s->sizes[last];                                                \
-    T *restrict g = t + room;                                                                               \
+    T *restrict g = t + PITCH(inner);                                                                       \
     memset(coords, 0, sizeof coords);                                                                       \
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
@@ -346,21 +368,151 @@ static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const S
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
+/* steps with K, a row of items at a time along the last L coordinate: the terms of instance k of   \
+ * item i at t[k * pitch + i] (-inf where masked and past the row), every K instance in order */         \
+static inline __attribute__((always_inline)) void rowk_terms_##SUFFIX(const Step *s, T *const *src,        \
+                                                                      const int64_t *rbase, int64_t *coords, \
+                                                                      int64_t inner, int64_t pitch, T *t) { \
+    const int64_t last = s->nL - 1;                                                                         \
+    for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                                  \
+    int64_t k = 0;                                                                                          \
+    do {                                                                                                    \
+        T *restrict out = t + k * pitch;                                                                    \
+        if (s->R == 0) for (int64_t i = 0; i < inner; i++) out[i] = 0;                                     \
+        for (int64_t r = 0; r < s->R; r++) {                                                               \
+            const int64_t *rd = s->reads + r * (2 + s->n);                                                 \
+            int64_t at = rbase[r];                                                                          \
+            for (int64_t d = s->nL; d < s->n; d++) at += rd[2 + d] * coords[d];                            \
+            const T *restrict x = src[r] + at;                                                              \
+            const int64_t st = rd[2 + last];                                                                \
+            if (r == 0 && st == 1) for (int64_t i = 0; i < inner; i++) out[i] = x[i];                      \
+            else if (r == 0) for (int64_t i = 0; i < inner; i++) out[i] = x[i * st];                       \
+            else if (st == 1) for (int64_t i = 0; i < inner; i++) out[i] += x[i];                          \
+            else if (st == 0) { const T c = x[0]; for (int64_t i = 0; i < inner; i++) out[i] += c; }       \
+            else for (int64_t i = 0; i < inner; i++) out[i] += x[i * st];                                  \
+        }                                                                                                   \
+        if (s->M) {                                                                                         \
+            for (int64_t i = 0; i < inner; i++) {                                                          \
+                coords[last] = i;                                                                           \
+                if (!holds(s, coords)) out[i] = -INFINITY;                                                 \
+            }                                                                                               \
+            coords[last] = 0;                                                                               \
+        }                                                                                                   \
+        for (int64_t i = inner; i < pitch; i++) out[i] = -INFINITY;                                        \
+        k++;                                                                                                \
+    } while (next(coords, s->sizes, s->nL, s->n));                                                          \
+}                                                                                                           \
+                                                                                                            \
+static inline __attribute__((always_inline)) void forward_rowk_##SUFFIX(const Step *s, T *const *src,      \
+                                                                        T *const *dst, int64_t *rbase,      \
+                                                                        int64_t *hbase, T *t) {             \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int64_t last = s->nL - 1, inner = s->sizes[last], pitch = PITCH(inner), K = s->K;                \
+    T *restrict v = t + K * pitch;                                                                          \
+    memset(coords, 0, sizeof coords);                                                                       \
+    do {                                                                                                    \
+        item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
+        rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                        \
+        for (int64_t c = 0; c < pitch; c += LANES_##SUFFIX) {                                               \
+            V m = load_##SUFFIX(t + c);                                                                     \
+            for (int64_t k = 1; k < K; k++) {                                                               \
+                V x = load_##SUFFIX(t + k * pitch + c);                                                     \
+                VI gt = x > m;                                                                              \
+                m = (V)(((VI)x & gt) | ((VI)m & ~gt));                                                     \
+            }                                                                                               \
+            const V lo = (V){0} + LOWEST, hi = (V){0} - LOWEST;                                             \
+            VI below = m < lo, above = m > hi; /* (NaN stays: compares are false) */                        \
+            m = (V)(((VI)lo & below) | ((VI)m & ~below));                                                   \
+            m = (V)(((VI)hi & above) | ((VI)m & ~above));                                                   \
+            V sum = {0};                                                                                    \
+            for (int64_t k = 0; k < K; k++) sum += exp_##SUFFIX(load_##SUFFIX(t + k * pitch + c) - m);     \
+            for (int i = 0; i < LANES_##SUFFIX; i++) v[c + i] = LOG(sum[i]) + m[i];                         \
+        }                                                                                                   \
+        for (int64_t h = 0; h < s->H; h++) {                                                               \
+            T *restrict y = dst[h] + hbase[h];                                                              \
+            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
+            if (s->accumulate) logaddexp_row_##SUFFIX(y, hs, v, inner);                                    \
+            else for (int64_t i = 0; i < inner; i++) y[i * hs] = v[i];                                     \
+        }                                                                                                   \
+    } while (next(coords, s->sizes, 0, last));                                                              \
+}                                                                                                           \
+                                                                                                            \
+static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const Step *s, T *const *src,     \
+                                                                         T *const *dst, T *const *gsrc,     \
+                                                                         T *const *gdst, int64_t *rbase,    \
+                                                                         int64_t *hbase, T *t) {            \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int64_t last = s->nL - 1, inner = s->sizes[last], pitch = PITCH(inner), K = s->K;                \
+    T *restrict g = t + K * pitch, *restrict item = g + pitch;                                              \
+    memset(coords, 0, sizeof coords);                                                                       \
+    do {                                                                                                    \
+        item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
+        int any = 0;                                                                                        \
+        for (int64_t i = 0; i < pitch; i++) g[i] = 0;                                                      \
+        for (int64_t h = 0; h < s->H; h++) {                                                               \
+            const T *restrict gy = gdst[h] + hbase[h];                                                      \
+            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
+            for (int64_t i = 0; i < inner; i++) g[i] += gy[i * hs];                                        \
+        }                                                                                                   \
+        for (int64_t i = 0; i < inner; i++) any |= g[i] != 0;                                              \
+        if (!any) continue;                                                                                 \
+        rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                        \
+        const T *restrict y = dst[0] + hbase[0];                                                            \
+        const int64_t hs = s->heads[2 + last];                                                              \
+        for (int64_t i = 0; i < pitch; i++) {                                                              \
+            T it = i < inner ? y[i * hs] : 0;                                                               \
+            item[i] = it < LOWEST ? LOWEST : it > -LOWEST ? -LOWEST : it;                                   \
+        }                                                                                                   \
+        for (int64_t c = 0; c < pitch; c += LANES_##SUFFIX) {                                               \
+            const V gc = load_##SUFFIX(g + c), ic = load_##SUFFIX(item + c);                                \
+            const VI zero = gc == (V){0};                                                                   \
+            for (int64_t k = 0; k < K; k++) {                                                               \
+                V w = exp_##SUFFIX(load_##SUFFIX(t + k * pitch + c) - ic) * gc;                             \
+                store_##SUFFIX(t + k * pitch + c, (V)((VI)w & ~zero));                                      \
+            }                                                                                               \
+        }                                                                                                   \
+        for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                              \
+        int64_t k = 0;                                                                                      \
+        do {                                                                                                \
+            const T *restrict w = t + k * pitch;                                                            \
+            for (int64_t r = 0; r < s->R; r++) {                                                           \
+                const int64_t *rd = s->reads + r * (2 + s->n);                                             \
+                int64_t at = rbase[r];                                                                      \
+                for (int64_t d = s->nL; d < s->n; d++) at += rd[2 + d] * coords[d];                        \
+                T *restrict gx = gsrc[r] + at;                                                              \
+                const int64_t st = rd[2 + last];                                                            \
+                if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += w[i];                            \
+                else if (st == 0) { T a = 0; for (int64_t i = 0; i < inner; i++) a += w[i]; gx[0] += a; }  \
+                else for (int64_t i = 0; i < inner; i++) gx[i * st] += w[i];                               \
+            }                                                                                               \
+            k++;                                                                                            \
+        } while (next(coords, s->sizes, s->nL, s->n));                                                      \
+    } while (next(coords, s->sizes, 0, last));                                                              \
+}                                                                                                           \
+                                                                                                            \
 VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,      \
                                                 T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
     int64_t coords[MAXDIM];                                                                                 \
+    const int way = path(s);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = 0; b < B; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
-        if (s->n == s->nL && s->nL) {                                                                       \
-            forward_rows_##SUFFIX(s, src, dst, rbase, hbase, t);                                            \
+        if (way == 1 || (way == 2 && !s->K)) { /* (an empty K: the rows of -inf the row path writes) */    \
+            forward_rows_##SUFFIX(s, src, dst, rbase, hbase, t, !s->K);                                     \
+            continue;                                                                                       \
+        }                                                                                                   \
+        if (way == 2) {                                                                                     \
+            forward_rowk_##SUFFIX(s, src, dst, rbase, hbase, t);                                            \
             continue;                                                                                       \
         }                                                                                                   \
         memset(coords, 0, sizeof coords);                                                                   \
         do {                                                                                                \
             item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
-            terms_##SUFFIX(s, src, rbase, coords, t);                                                       \
-            T v = s->n == s->nL ? t[0] : s->K ? logsumexp_##SUFFIX(t, s->K) : (T)-INFINITY;                \
+            T v = -INFINITY; /* (an empty K: no instance) */                                                \
+            if (s->K) {                                                                                     \
+                terms_##SUFFIX(s, src, rbase, coords, t);                                                   \
+                v = s->n == s->nL ? t[0] : logsumexp_##SUFFIX(t, s->K);                                     \
+            }                                                                                               \
             for (int64_t h = 0; h < s->H; h++) {                                                           \
                 T *y = dst[h] + hbase[h];                                                                   \
                 *y = s->accumulate ? logaddexp_##SUFFIX(*y, v) : v;                                         \
@@ -370,16 +522,21 @@ VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const 
 }                                                                                                           \
                                                                                                             \
 VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table,           \
-                                                 const int64_t *gtable, T *t, int64_t room, T **src, T **dst, \
+                                                 const int64_t *gtable, T *t, T **src, T **dst,             \
                                                  T **gsrc, T **gdst, int64_t *rbase, int64_t *hbase) {      \
     int64_t coords[MAXDIM];                                                                                 \
     const int pass = s->n == s->nL && !s->shared; /* one instance per item: its gradient passes */         \
+    const int way = path(s);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = 0; b < B; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
-        if (s->n == s->nL && s->nL) {                                                                       \
-            backward_rows_##SUFFIX(s, src, dst, gsrc, gdst, rbase, hbase, t, room);                         \
+        if (way == 1) {                                                                                     \
+            backward_rows_##SUFFIX(s, src, dst, gsrc, gdst, rbase, hbase, t);                               \
+            continue;                                                                                       \
+        }                                                                                                   \
+        if (way == 2) {                                                                                     \
+            if (s->K) backward_rowk_##SUFFIX(s, src, dst, gsrc, gdst, rbase, hbase, t);                     \
             continue;                                                                                       \
         }                                                                                                   \
         memset(coords, 0, sizeof coords);                                                                   \
@@ -387,7 +544,7 @@ VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const
             item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
             T g = 0;                                                                                        \
             for (int64_t h = 0; h < s->H; h++) g += gdst[h][hbase[h]];                                     \
-            if (g == 0) continue; /* (exp(.) * 0 is 0 for every finite weight) */                          \
+            if (g == 0 || s->K == 0) continue; /* (exp(.) * 0 is 0 for every finite weight) */             \
             if (pass) {                                                                                     \
                 t[0] = g;                                                                                   \
             } else {                                                                                        \
@@ -430,18 +587,17 @@ KERNELS(double, vd, vid, f64, -DBL_MAX, log, log1p, exp)
 KERNELS(float, vf, vif, f32, -FLT_MAX, logf, log1pf, expf)
 
 /* the level's steps: their count, and the largest K and R/H (scratch sizes); -1 on a bad descriptor */
-static int64_t scan_level(const int64_t *p, Py_ssize_t len, int64_t *maxK, int64_t *maxRH) {
+static int64_t scan_level(const int64_t *p, Py_ssize_t len, int64_t *room, int64_t *maxRH) {
     const int64_t *end = p + len;
     if (len < 1) return -1;
     int64_t count = *p++;
-    *maxK = 1; *maxRH = 1;
+    *room = 16; *maxRH = 1;
     for (int64_t i = 0; i < count; i++) {
         Step s;
         if (end - p < 7) return -1;
         p = parse(p, &s);
         if (p > end || !check(&s)) return -1;
-        if (s.K > *maxK) *maxK = s.K;
-        if (s.n == s.nL && s.nL && s.sizes[s.nL - 1] > *maxK) *maxK = s.sizes[s.nL - 1]; /* a row */
+        if (need(&s) > *room) *room = need(&s);
         if (s.R > *maxRH) *maxRH = s.R;
         if (s.H > *maxRH) *maxRH = s.H;
     }
@@ -458,9 +614,9 @@ static PyObject *run(PyObject *args, int backward) {
         return NULL;
     }
     PyObject *result = NULL;
-    int64_t maxK, maxRH;
+    int64_t room, maxRH;
     const int64_t *p = (const int64_t *)level.buf;
-    int64_t count = scan_level(p, level.len / (Py_ssize_t)sizeof(int64_t), &maxK, &maxRH);
+    int64_t count = scan_level(p, level.len / (Py_ssize_t)sizeof(int64_t), &room, &maxRH);
     size_t item = is_double ? sizeof(double) : sizeof(float);
     void *t = NULL, **ptrs = NULL;
     int64_t *offs = NULL;
@@ -468,8 +624,7 @@ static PyObject *run(PyObject *args, int backward) {
         PyErr_SetString(PyExc_ValueError, "a malformed level descriptor");
         goto done;
     }
-    const int64_t room = maxK + 8; /* a scratch row, padded to the vector width */
-    t = malloc(2 * room * item);
+    t = malloc(room * item);
     ptrs = malloc(4 * maxRH * sizeof(void *));
     offs = malloc(2 * maxRH * sizeof(int64_t));
     if (!t || !ptrs || !offs) {
@@ -484,11 +639,11 @@ static PyObject *run(PyObject *args, int backward) {
         p = parse(p, &s);
         if (is_double) {
             double **q = (double **)ptrs;
-            if (backward) backward_step_f64(&s, B, tab, gtab, t, room, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            if (backward) backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
             else forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
         } else {
             float **q = (float **)ptrs;
-            if (backward) backward_step_f32(&s, B, tab, gtab, t, room, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            if (backward) backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
             else forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
         }
     }
