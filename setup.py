@@ -1,5 +1,5 @@
-"""The optional C extensions (the spanning-tree decode's contraction loop, the exact log Z of small
-matrix-tree problems); the rest of the metadata is in pyproject.toml. Without a C compiler the
+"""The optional C extensions (the spanning-tree decode's contraction loop, the matrix-tree
+theorem's log Z and marginals, the compiler's Log levels); the rest of the metadata is in pyproject.toml. Without a C compiler the
 install goes on without them (numpy's decode and the torch path run)."""
 
 from setuptools import Extension, setup

@@ -1,141 +1,581 @@
-/* log Z of the matrix-tree theorem for small graphs, exactly, in C (structures/_tree_partition.py
- * uses it for short sentences, where a handful of small torch calls would cost more than the
- * arithmetic). Built at install time as the optional extension structures._matrix_tree_c
- * (setup.py); without it the torch path runs.
+/* The matrix-tree theorem's fast paths in C, one call per batch (structures/_tree_partition.py
+ * uses them on the CPU where this optional extension is built; without it the torch paths run):
  *
- * The same subtraction-free elimination as structures/_matrix_tree.py (Grassmann, Taksar & Heyman
- * 1985), one word at a time: the pivot of word k is its margin plus its arcs from the words still
- * kept, never a difference, and eliminating k adds A_ik A_kj / d_k to the arcs and g_k A_kj / d_k to
- * the margins. Every quantity is a sum of products of non-negative numbers: each pivot has a
- * relative error below a small multiple of n u whatever the scale, so log Z = Σ log d_k (plus
- * the column shifts) is within ~n^2 u of the exact value. Single root: the words rooted at the
- * most popular head c0 (margins: the arcs out of c0), then Z = det K (r_c0 + Σ_c r_c v_c) with
- * K v = w (the arcs into c0), v by substitution with the same factors (again additions only).
+ * - log_partition: log Z by the subtraction-free elimination of structures/_matrix_tree.py
+ *   (Grassmann, Taksar & Heyman 1985) one word at a time: the pivot of word k is its margin plus
+ *   its arcs from the words still kept, never a difference, and eliminating k adds
+ *   A_ik A_kj / d_k to the arcs and g_k A_kj / d_k to the margins. Every quantity is a sum of
+ *   products of non-negative numbers, so log Z = Σ log d_k (plus the column shifts) is exact to
+ *   ~n^2 u at any scale: no certificate. Single root: the words rooted at the most popular head
+ *   c0 (margins: the arcs out of c0), then Z = det K (r_c0 + Σ_c r_c v_c) with K v = w (the arcs
+ *   into c0), v by substitutions with the same factors (additions only).
  *
- * log_partition(theta, B, n1, single_root, logz, ok): theta a C-contiguous float64 [B, n1, n1]
- * buffer (theta[b, h, m], row 0 the root; column 0 and the diagonal are ignored), logz a writable
- * float64 [B] and ok a writable uint8 [B]: 0 where a pivot fell below 1e-250 (underflow, or no
- * tree): the caller computes those examples otherwise.
+ * - marginals: log Z and the marginals by the certified LAPACK-style path of
+ *   structures/_certified.py, the same arithmetic and the same a-posteriori error bound: LU of the
+ *   Laplacian without row exchanges, X = M^{-1} by forward and back substitution on the identity's
+ *   columns, Koo et al.'s formulas (single root: the words rooted at c0 and a rank-one correction).
+ *   ok[b] = 0 where the bound does not certify every answer within TOL; the caller computes those
+ *   examples by the exact path. The bound here uses the computed |L| column sums and row maxima of
+ *   |X| instead of their a-priori values (no sign assumption on the computed factors), and adds
+ *   the error of the weights themselves (below).
+ *
+ * Both take theta, a C-contiguous float32 or float64 [B, n1, n1] buffer (theta[b, h, m]: the arc
+ * h -> m, row 0 the root; column 0 and the diagonal are ignored), lengths (int64 [B], 1..n1-1
+ * words: example b is its leading (lengths[b]+1)^2 block, padding contributes nothing), and write
+ * float64 logz [B] and uint8 ok [B]; marginals also writes float64 mu [B, n1, n1] (0 off each
+ * example's arcs). Each word's scores are shifted by their max before exp: the weights lie in
+ * [0, 1], the exp below is within a few ulps, and the shift's rounding is below 708 u relative;
+ * an example with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-#define LOW 1e-250
+#define LOW 1e-250         /* log_partition: a smaller pivot is an underflow (or no tree) */
+#define TOL 1e-9           /* marginals: certified absolute error of log Z and every marginal */
+#define UNIT 0x1p-53       /* unit roundoff of float64 */
+#define WEIGHT_ERR (720 * UNIT) /* relative error of a weight: exp (< 8 u) and the shift (< 708 u) */
+#define KB 4               /* eliminations (and substitutions) applied to a row in one pass */
 
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2,fma", "default"))) /* chosen at load time */
+#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define VECTOR_CLONES
 #endif
 
-/* row i of the elimination of word k (row and up are different rows of A) */
-VECTOR_CLONES static void eliminate_row(double *restrict row, const double *restrict up, Py_ssize_t k, Py_ssize_t n, double dk) {
-    const double a = row[k];
-    if (a == 0.0) return;
-    for (Py_ssize_t j = k + 1; j < n; j++) row[j] += a * up[j];
-    row[k] = a / dk; /* Lo[i, k] */
+typedef Py_ssize_t idx;
+
+/* the helpers are inlined into the batch drivers, which are compiled once per instruction set */
+#define INLINE static inline __attribute__((always_inline))
+
+/* exp(x) for x <= 0 (or -inf): Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, Taylor polynomial
+ * of degree 13 (truncation below 1e-17 relative), 2^k from the exponent bits. Branch-free, so that
+ * loops over it vectorize. Below -708 it gives 0. */
+INLINE double exp_nonpositive(double x) {
+    const double c = x < -708.0 ? -708.0 : x;
+    const double magic = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
+    const double fk = c * 1.4426950408889634074 + magic;
+    int64_t bits;
+    memcpy(&bits, &fk, sizeof bits);
+    const double k = fk - magic;
+    const double r = (c - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
+    double p = 1.0 / 6227020800.0;
+    p = p * r + 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    const int64_t ebits = ((bits - 0x4338000000000000LL) + 1023) << 52;
+    double scale;
+    memcpy(&scale, &ebits, sizeof scale);
+    return x < -708.0 ? 0.0 : p * scale;
 }
 
-/* one example: A [n, n] (A[h * n + m]: arc h -> m between words, 0 on the diagonal), g [n] margins,
- * root [n] the root's weights; returns log Z of the shifted weights, or NAN when a pivot is too small */
-static double example(double *A, double *g, const double *root, Py_ssize_t n, int single_root, double *d, double *w) {
-    Py_ssize_t c0 = 0;
+/* Σ a_i b_i and Σ |a_i| b_i with eight partial sums (the order is free: the callers' bounds hold
+ * for any order of summation) */
+INLINE double dot(const double *restrict a, const double *restrict b, idx n) {
+    double acc[8] = {0};
+    idx i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int t = 0; t < 8; t++) acc[t] += a[i + t] * b[i + t];
+    for (; i < n; i++) acc[0] += a[i] * b[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+INLINE double abs_dot(const double *restrict a, const double *restrict b, idx n) {
+    double acc[8] = {0};
+    idx i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int t = 0; t < 8; t++) acc[t] += fabs(a[i + t]) * b[i + t];
+    for (; i < n; i++) acc[0] += fabs(a[i]) * b[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+INLINE double sum(const double *restrict a, idx n) {
+    double acc[8] = {0};
+    idx i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int t = 0; t < 8; t++) acc[t] += a[i + t];
+    for (; i < n; i++) acc[0] += a[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* T[m, h] = sign W[h, m] for h, m < n (W: stride ldw; T: stride n), in 8 x 8 tiles (a column
+ * written one entry at a time would meet the same cache sets at power-of-two strides) */
+INLINE void transpose(double *restrict T, const double *restrict W, idx ldw, idx n, double sign) {
+    for (idx h0 = 0; h0 < n; h0 += 8)
+        for (idx m0 = 0; m0 < n; m0 += 8) {
+            const idx h1 = h0 + 8 < n ? h0 + 8 : n, m1 = m0 + 8 < n ? m0 + 8 : n;
+            for (idx m = m0; m < m1; m++)
+                for (idx h = h0; h < h1; h++) T[m * n + h] = sign * W[h * ldw + m];
+        }
+}
+
+/* The shifted weights of one example of n words: W [n+1, n+1] (row stride ldw), W[h, m] =
+ * exp(theta[h, m] - c_m) for words m and heads h != m, 0 in column 0 and on the diagonal; returns
+ * Σ c_m (c_m: word m's max score, 0 where it has no finite one), or NAN where the example is not
+ * ok (a NaN or +inf score, a weight flushed to 0). tmp: n+1 scratch doubles, c: n+1. */
+INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw, double *tmp, double *c) {
+    idx bad = 0; /* a count, which vectorizes */
+    for (idx m = 1; m <= n; m++) c[m] = -INFINITY;
+    for (idx h = 0; h <= n; h++) {
+        if (f32) {
+            const float *row = (const float *)theta + h * n1;
+            for (idx m = 0; m <= n; m++) tmp[m] = row[m];
+        } else {
+            memcpy(tmp, (const double *)theta + h * n1, sizeof(double) * (n + 1));
+        }
+        tmp[h] = -INFINITY;
+        for (idx m = 1; m <= n; m++) {
+            bad += tmp[m] != tmp[m];
+            c[m] = tmp[m] > c[m] ? tmp[m] : c[m];
+        }
+        memcpy(W + h * ldw, tmp, sizeof(double) * (n + 1));
+    }
+    double shift = 0.0;
+    for (idx m = 1; m <= n; m++) {
+        bad += c[m] == INFINITY;
+        c[m] = c[m] == -INFINITY ? 0.0 : c[m];
+        shift += c[m];
+    }
+    c[0] = INFINITY; /* column 0 becomes exp(-inf) = 0 */
+    for (idx h = 0; h <= n; h++) {
+        double *row = W + h * ldw;
+        for (idx m = 0; m <= n; m++) {
+            const double x = row[m] - c[m];
+            bad += (x < -708.0) & (x > -INFINITY);
+            row[m] = exp_nonpositive(x);
+        }
+    }
+    return bad ? NAN : shift;
+}
+
+/* ------------------------------------------------------------------------------- log_partition */
+
+/* log Z of the shifted weights of one example (W [n+1, n+1], stride ldw), or NAN where a pivot is
+ * below LOW; T: n*n scratch (the words' arcs transposed, T[m, h] = W[h+1, m+1]: each word's heads
+ * contiguous), g, w, d: n each. */
+INLINE double gth_log_partition(const double *W, idx ldw, idx n, int single_root, double *T, double *g, double *w, double *d) {
+    transpose(T, W + ldw + 1, ldw, n, 1.0);
+    idx c0 = 0;
     if (single_root) {
         double best = -1.0;
-        for (Py_ssize_t h = 0; h < n; h++) {
-            double s = 0.0;
-            for (Py_ssize_t m = 0; m < n; m++) s += A[h * n + m];
+        for (idx h = 0; h < n; h++) {
+            const double s = sum(W + (h + 1) * ldw + 1, n);
             if (s > best) { best = s; c0 = h; }
         }
         /* the words rooted at c0: margins are c0's arcs, c0 itself is eliminated first with pivot 1 */
-        for (Py_ssize_t m = 0; m < n; m++) { g[m] = A[c0 * n + m]; w[m] = A[m * n + c0]; }
-        for (Py_ssize_t j = 0; j < n; j++) { A[c0 * n + j] = 0.0; A[j * n + c0] = 0.0; }
+        for (idx m = 0; m < n; m++) { g[m] = T[m * n + c0]; w[m] = T[c0 * n + m]; }
+        for (idx j = 0; j < n; j++) { T[c0 * n + j] = 0.0; T[j * n + c0] = 0.0; }
         g[c0] = 1.0;
         w[c0] = 0.0;
     } else {
-        for (Py_ssize_t m = 0; m < n; m++) g[m] = root[m];
+        for (idx m = 0; m < n; m++) g[m] = W[m + 1];
     }
     double logdet = 0.0;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        double dk = g[k];
-        for (Py_ssize_t i = k + 1; i < n; i++) dk += A[i * n + k];
-        if (!(dk >= LOW) || dk == INFINITY) return NAN;
-        d[k] = dk;
-        logdet += log(dk);
-        double *const up = A + k * n; /* row k becomes Up[k, j] = A_kj / d_k */
-        for (Py_ssize_t j = k + 1; j < n; j++) {
-            up[j] /= dk;
-            g[j] += g[k] * up[j];
+    for (idx k0 = 0; k0 < n; k0 += KB) {
+        const idx k1 = k0 + KB < n ? k0 + KB : n;
+        for (idx k = k0; k < k1; k++) { /* the panel's words, one at a time over whole rows */
+            const double *restrict lo = T + k * n; /* lo[i], i > k: the arc k <- i (unscaled: Lo_ik d_k) */
+            const double dk = g[k] + sum(lo + k + 1, n - k - 1);
+            if (!(dk >= LOW) || dk == INFINITY) return NAN;
+            d[k] = dk;
+            logdet += log(dk);
+            for (idx j = k + 1; j < k1; j++) {
+                double *restrict row = T + j * n;
+                const double up = row[k] / dk; /* Up[k, j], kept in T[j, k] */
+                row[k] = up;
+                g[j] += g[k] * up;
+                for (idx i = k + 1; i < n; i++) row[i] += up * lo[i];
+            }
         }
-        for (Py_ssize_t i = k + 1; i < n; i++) /* rows i > k: A_ij += A_ik Up[k, j], contiguous in j */
-            eliminate_row(A + i * n, up, k, n, dk);
+        for (idx j = k1; j < n; j++) { /* every later row: the panel's eliminations in one pass */
+            double *restrict row = T + j * n;
+            double up[KB];
+            for (idx k = k0; k < k1; k++) {
+                up[k - k0] = row[k] / d[k];
+                row[k] = up[k - k0];
+                g[j] += g[k] * up[k - k0];
+                for (idx kk = k + 1; kk < k1; kk++) row[kk] += up[k - k0] * T[k * n + kk];
+            }
+            if (k1 - k0 == KB) {
+                const double *restrict l0 = T + k0 * n, *restrict l1 = l0 + n, *restrict l2 = l1 + n, *restrict l3 = l2 + n;
+                for (idx i = k1; i < n; i++) row[i] = (((row[i] + up[0] * l0[i]) + up[1] * l1[i]) + up[2] * l2[i]) + up[3] * l3[i];
+            } else {
+                for (idx k = k0; k < k1; k++)
+                    for (idx i = k1; i < n; i++) row[i] += up[k - k0] * T[k * n + i];
+            }
+        }
     }
     if (!single_root) return logdet;
     /* K = (I - Lo) D (I - Up): v = (I - Up)^{-1} D^{-1} (I - Lo)^{-1} w, additions only */
-    for (Py_ssize_t i = 0; i < n; i++)
-        for (Py_ssize_t k = 0; k < i; k++) w[i] += A[i * n + k] * w[k];
-    for (Py_ssize_t k = 0; k < n; k++) w[k] /= d[k];
-    for (Py_ssize_t k = n - 1; k >= 0; k--)
-        for (Py_ssize_t j = k + 1; j < n; j++) w[k] += A[k * n + j] * w[j];
-    double q = root[c0];
-    for (Py_ssize_t c = 0; c < n; c++)
-        if (c != c0) q += root[c] * w[c];
+    for (idx k = 0; k < n; k++) {
+        const double t = w[k] / d[k];
+        const double *restrict lo = T + k * n;
+        for (idx i = k + 1; i < n; i++) w[i] += lo[i] * t;
+    }
+    for (idx k = 0; k < n; k++) w[k] /= d[k];
+    for (idx j = n - 1; j > 0; j--) {
+        const double *restrict up = T + j * n;
+        const double x = w[j];
+        for (idx k = 0; k < j; k++) w[k] += up[k] * x;
+    }
+    double q = W[c0 + 1];
+    for (idx c = 0; c < n; c++)
+        if (c != c0) q += W[c + 1] * w[c];
     if (!(q >= LOW) || q == INFINITY) return NAN;
     return logdet + log(q);
 }
 
-static int solve(const double *theta, Py_ssize_t B, Py_ssize_t n1, int single_root, double *logz, uint8_t *ok) {
-    const Py_ssize_t n = n1 - 1;
-    double *buf = malloc(sizeof(double) * (n * n + 4 * n + 1));
-    if (!buf) return -1;
-    double *A = buf, *g = A + n * n, *root = g + n, *d = root + n, *w = d + n;
-    for (Py_ssize_t b = 0; b < B; b++) {
-        const double *t = theta + b * n1 * n1;
-        double shift = 0.0;
-        for (Py_ssize_t m = 1; m < n1; m++) { /* each word's heads shifted by their max */
-            double c = -INFINITY;
-            for (Py_ssize_t h = 0; h < n1; h++)
-                if (h != m && t[h * n1 + m] > c) c = t[h * n1 + m];
-            if (c == -INFINITY) c = 0.0;
-            shift += c;
-            root[m - 1] = exp(t[m] - c);
-            for (Py_ssize_t h = 1; h < n1; h++) A[(h - 1) * n + (m - 1)] = h == m ? 0.0 : exp(t[h * n1 + m] - c);
+/* ------------------------------------------------------------------------------- marginals */
+
+/* y[i] = (((y[i] + a y_k0 L[k0, i]) + a y_k0+1 L[k0+1, i]) + ...) for i in [i0, i1), the panel
+ * k0..k1-1 in order (the same roundings as one pass per k; y_k = y[k], a = ±1) */
+INLINE void axpy_panel(double *restrict y, const double *L, idx n, idx k0, idx k1, idx i0, idx i1, double a) {
+    if (k1 - k0 == KB) {
+        const double c0 = a * y[k0], c1 = a * y[k0 + 1], c2 = a * y[k0 + 2], c3 = a * y[k0 + 3];
+        const double *restrict l0 = L + k0 * n, *restrict l1 = l0 + n, *restrict l2 = l1 + n, *restrict l3 = l2 + n;
+        for (idx i = i0; i < i1; i++) y[i] = (((y[i] + c0 * l0[i]) + c1 * l1[i]) + c2 * l2[i]) + c3 * l3[i];
+    } else {
+        for (idx k = k0; k < k1; k++) {
+            const double c = a * y[k];
+            const double *restrict l = L + k * n;
+            for (idx i = i0; i < i1; i++) y[i] += c * l[i];
         }
-        double z = n ? example(A, g, root, n, single_root, d, w) : 0.0;
-        ok[b] = !isnan(z);
-        logz[b] = z + shift;
+    }
+}
+
+/* the back substitution's panel: y[i] -= y_k U[k, i] for k = k1-1 down to k0, for i < i1 */
+INLINE void axpy_panel_down(double *restrict y, const double *U, idx n, idx k0, idx k1, idx i1) {
+    if (k1 - k0 == KB) {
+        const double c3 = y[k0 + 3], c2 = y[k0 + 2], c1 = y[k0 + 1], c0 = y[k0];
+        const double *restrict u0 = U + k0 * n, *restrict u1 = u0 + n, *restrict u2 = u1 + n, *restrict u3 = u2 + n;
+        for (idx i = 0; i < i1; i++) y[i] = (((y[i] - c3 * u3[i]) - c2 * u2[i]) - c1 * u1[i]) - c0 * u0[i];
+    } else {
+        for (idx k = k1 - 1; k >= k0; k--) {
+            const double c = y[k];
+            const double *restrict u = U + k * n;
+            for (idx i = 0; i < i1; i++) y[i] -= c * u[i];
+        }
+    }
+}
+
+/* LU of M without row exchanges, in place, M stored transposed (A[j, i] = M[i, j], as LAPACK's
+ * column-major): afterwards A[k, i] = L[i, k] (i > k) and A[j, k] = U[k, j] (k <= j); s[k] the
+ * sum of |L[i, k]| below the diagonal. Returns log det M, or NAN at a pivot that is not > 0. */
+INLINE double lu(double *A, idx n, double *s) {
+    double logdet = 0.0;
+    for (idx k0 = 0; k0 < n; k0 += KB) {
+        const idx k1 = k0 + KB < n ? k0 + KB : n;
+        for (idx k = k0; k < k1; k++) { /* the panel's columns, one at a time over whole rows */
+            double *restrict l = A + k * n;
+            const double p = l[k];
+            if (!(p > 0.0) || p == INFINITY) return NAN;
+            logdet += log(p);
+            double sk = 0.0;
+            for (idx i = k + 1; i < n; i++) {
+                l[i] /= p;
+                sk += fabs(l[i]);
+            }
+            s[k] = sk;
+            for (idx j = k + 1; j < k1; j++) {
+                double *restrict row = A + j * n;
+                const double a = row[k];
+                for (idx i = k + 1; i < n; i++) row[i] -= a * l[i];
+            }
+        }
+        for (idx j = k1; j < n; j++) { /* every later row: the panel's updates in one pass */
+            double *restrict row = A + j * n;
+            for (idx k = k0; k < k1; k++)
+                for (idx kk = k + 1; kk < k1; kk++) row[kk] -= row[k] * A[k * n + kk];
+            axpy_panel(row, A, n, k0, k1, k1, n, -1.0);
+        }
+    }
+    return logdet;
+}
+
+/* Rows Y[0..R) (length n) overwritten by M^{-1} y: forward substitution with the unit L from row
+ * k0 on (the rows are 0 before it), back substitution with U, multiplying by the reciprocals of
+ * its pivots inv (one more rounding per step: within the bound's γ = 4 n u, which covers
+ * γ_{3n+1}); LU as left by lu(). The rows are solved together so that each row of the factors is
+ * read once per block. */
+INLINE void solve_rows(const double *LU, const double *inv, idx n, double *Y, idx R, idx k0) {
+    for (idx b0 = k0; b0 < n; b0 += KB) {
+        const idx b1 = b0 + KB < n ? b0 + KB : n;
+        for (idx r = 0; r < R; r++) {
+            double *restrict y = Y + r * n;
+            for (idx k = b0; k < b1; k++)
+                for (idx i = k + 1; i < b1; i++) y[i] -= y[k] * LU[k * n + i];
+            axpy_panel(y, LU, n, b0, b1, b1, n, -1.0);
+        }
+    }
+    for (idx b1 = n; b1 > 0; b1 -= KB) {
+        const idx b0 = b1 - KB > 0 ? b1 - KB : 0;
+        for (idx r = 0; r < R; r++) {
+            double *restrict y = Y + r * n;
+            for (idx k = b1 - 1; k >= b0; k--) {
+                y[k] *= inv[k];
+                for (idx i = b0; i < k; i++) y[i] -= y[k] * LU[k * n + i];
+            }
+            axpy_panel_down(y, LU, n, b0, b1, b0);
+        }
+    }
+}
+
+#define BLOCK 8 /* right-hand sides solved together */
+
+/* Scratch of one example of up to N words (marginals). */
+typedef struct {
+    double *A, *X, *s, *phi, *rowmax, *tau, *u, *r, *tmp, *diag;
+} Work;
+
+/* log Z and the marginals of one example of n words, written over its weights W (stride ldw, as
+ * left by load()); returns log Z of the shifted weights, and *ok whether the bound certifies both
+ * within TOL. X holds n+1 rows of n: X[h, m] = (M^{-1})[m, h] (each row a solve), and row n the
+ * single root's v. */
+INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Work *wk, int *ok) {
+    double *A = wk->A, *X = wk->X, *s = wk->s, *phi = wk->phi, *rowmax = wk->rowmax, *tau = wk->tau, *u = wk->u, *r = wk->r;
+    double *diag = wk->diag; /* the reciprocal pivots, then X_mm */
+    const double gam = 4.0 * n * UNIT;
+    *ok = 0;
+    for (idx m = 0; m < n; m++) r[m] = W[m + 1];
+    transpose(A, W + ldw + 1, ldw, n, -1.0);
+    idx c0 = 0;
+    double *v = X + n * n, *w_in = wk->tmp;
+    for (idx m = 0; m < n; m++) A[m * n + m] = -sum(A + m * n, n) + (single_root ? 0.0 : r[m]);
+    if (single_root) {
+        double best = -1.0;
+        for (idx h = 0; h < n; h++) {
+            const double o = sum(W + (h + 1) * ldw + 1, n);
+            if (o > best) { best = o; c0 = h; }
+        }
+        for (idx m = 0; m < n; m++) w_in[m] = W[(m + 1) * ldw + c0 + 1];
+        for (idx j = 0; j < n; j++) { A[c0 * n + j] = 0.0; A[j * n + c0] = 0.0; }
+        A[c0 * n + c0] = 1.0;
+    }
+    const double logdet = lu(A, n, s);
+    if (isnan(logdet)) return NAN;
+    /* φ_j >= the column sums of |L||U|: Σ_k |U_kj| (1 + s_k) */
+    for (idx j = 0; j < n; j++) {
+        const double *col = A + j * n;
+        double acc = 0.0;
+        for (idx k = 0; k <= j; k++) acc += fabs(col[k]) * (1.0 + s[k]);
+        phi[j] = acc;
+    }
+    for (idx k = 0; k < n; k++) diag[k] = 1.0 / A[k * n + k];
+    memset(X, 0, sizeof(double) * n * n);
+    for (idx j0 = 0; j0 < n; j0 += BLOCK) {
+        const idx R = n - j0 < BLOCK ? n - j0 : BLOCK;
+        for (idx r0 = 0; r0 < R; r0++) X[(j0 + r0) * n + j0 + r0] = 1.0;
+        solve_rows(A, diag, n, X + j0 * n, R, j0);
+    }
+    if (single_root) {
+        memcpy(v, w_in, sizeof(double) * n);
+        solve_rows(A, diag, n, v, 1, 0);
+        v[c0] = 1.0;
+    }
+    for (idx m = 0; m < n; m++) diag[m] = X[m * n + m];
+    /* row maxima of |X| (X[m, .] is column m here), τ = φ^T |X|, u = rr^T X */
+    for (idx m = 0; m < n; m++) rowmax[m] = 0.0;
+    for (idx h = 0; h < n; h++) {
+        const double *xh = X + h * n;
+        for (idx m = 0; m < n; m++) rowmax[m] = fabs(xh[m]) > rowmax[m] ? fabs(xh[m]) : rowmax[m];
+        tau[h] = abs_dot(xh, phi, n);
+    }
+    double taumax = 0.0, err_z, err_mu = 0.0, logz;
+    for (idx m = 0; m < n; m++) {
+        rowmax[m] *= 1.0 + 1e-6;
+        taumax = tau[m] > taumax ? tau[m] : taumax;
+    }
+    double rowphi = 0.0;
+    for (idx j = 0; j < n; j++) rowphi += rowmax[j] * phi[j];
+    if (!single_root) {
+        err_z = gam * rowphi + 4 * n * UNIT * fabs(logdet);
+        for (idx m = 0; m < n; m++) {
+            const double e = rowmax[m] * (gam * (tau[m] + taumax) + 4 * UNIT);
+            err_mu = e > err_mu ? e : err_mu;
+        }
+        for (idx m = 0; m < n; m++) W[m + 1] = r[m] * diag[m];
+        for (idx h = 0; h < n; h++) {
+            double *mu = W + (h + 1) * ldw + 1;
+            const double *xh = X + h * n;
+            for (idx m = 0; m < n; m++) {
+                const double x = mu[m] * (diag[m] - xh[m]);
+                mu[m] = x > 0.0 ? x : 0.0;
+            }
+        }
+        logz = logdet;
+    } else {
+        /* the words rooted at c0, then every root by a rank-one correction (see _certified.py) */
+        const double r0 = r[c0];
+        r[c0] = 0.0; /* r is rr from here */
+        for (idx h = 0; h < n; h++) u[h] = dot(X + h * n, r, n);
+        const double q = r0 + dot(u, w_in, n);
+        const double sig_w = dot(tau, w_in, n), rho_r = dot(r, rowmax, n);
+        const double dq = gam * rho_r * sig_w;
+        const double rel_q = dq / q + 2 * gam;
+        double umax = -INFINITY;
+        for (idx h = 0; h < n; h++) umax = u[h] > umax ? u[h] : umax;
+        const double dumax = gam * rho_r * taumax;
+        r[c0] = r0;
+        for (idx m = 0; m < n; m++) {
+            const double dv = gam * rowmax[m] * sig_w, du = gam * rho_r * tau[m], uu = u[m] + umax;
+            double e = m == c0 ? (dumax + umax * rel_q) / q
+                               : rowmax[m] * (gam * (tau[m] + taumax) + 8 * UNIT) + (dv * uu + v[m] * (dumax + du + uu * rel_q)) / q;
+            const double e_root = r[m] * (dv + v[m] * rel_q) / q;
+            e = e_root > e ? e_root : e;
+            err_mu = e > err_mu ? e : err_mu;
+        }
+        err_z = gam * rowphi + dq / q + 4 * n * UNIT * (fabs(logdet) + fabs(log(q)));
+        logz = logdet + log(q);
+        /* μ[h, m] = W[h, m] ((X_mm - vq_m u_m) - X_mh + u_h vq_m); column c0: w_in_h u_h / q */
+        for (idx m = 0; m < n; m++) {
+            s[m] = v[m] / q; /* s is vq from here */
+            tau[m] = diag[m] - s[m] * u[m]; /* τ is X_mm - vq_m u_m from here */
+            W[m + 1] = r[m] * s[m];
+        }
+        for (idx h = 0; h < n; h++) {
+            double *mu = W + (h + 1) * ldw + 1;
+            const double *xh = X + h * n;
+            const double uh = u[h];
+            for (idx m = 0; m < n; m++) {
+                const double x = mu[m] * ((tau[m] - xh[m]) + uh * s[m]);
+                mu[m] = x > 0.0 ? x : 0.0;
+            }
+            const double x = w_in[h] * uh / q;
+            mu[c0] = x > 0.0 ? x : 0.0;
+        }
+    }
+    /* the weights' own error: every tree's weight within n WEIGHT_ERR relative */
+    err_z += n * WEIGHT_ERR;
+    err_mu += 2 * n * WEIGHT_ERR;
+    *ok = isfinite(logz) && err_z <= TOL && err_mu <= TOL;
+    return logz;
+}
+
+/* ------------------------------------------------------------------------------- bindings */
+
+typedef struct {
+    Py_buffer theta, lengths, logz, ok, mu;
+    idx B, n1;
+    int f32, single_root;
+} Args;
+
+static void release(Args *a, int with_mu) {
+    PyBuffer_Release(&a->theta);
+    PyBuffer_Release(&a->lengths);
+    PyBuffer_Release(&a->logz);
+    PyBuffer_Release(&a->ok);
+    if (with_mu) PyBuffer_Release(&a->mu);
+}
+
+/* checks the buffers' sizes and the lengths; 0 with a ValueError set otherwise */
+static int check(Args *a, int with_mu) {
+    const idx item = a->f32 ? (idx)sizeof(float) : (idx)sizeof(double);
+    int good = a->n1 >= 2 && a->theta.len == a->B * a->n1 * a->n1 * item && a->lengths.len == a->B * (idx)sizeof(int64_t)
+               && a->logz.len == a->B * (idx)sizeof(double) && a->ok.len == a->B
+               && (!with_mu || a->mu.len == a->B * a->n1 * a->n1 * (idx)sizeof(double));
+    for (idx b = 0; good && b < a->B; b++) {
+        const int64_t n = ((const int64_t *)a->lengths.buf)[b];
+        good = n >= 1 && n < a->n1;
+    }
+    if (!good)
+        PyErr_SetString(PyExc_ValueError, "expected theta float32/float64 [B, n1, n1], int64 lengths [B] in 1..n1-1, "
+                                          "float64 logz [B], uint8 ok [B] (and float64 mu [B, n1, n1])");
+    return good;
+}
+
+VECTOR_CLONES static int run_log_partition(Args *a) {
+    const idx n1 = a->n1, N = n1 - 1;
+    double *buf = malloc(sizeof(double) * (n1 * n1 + N * N + 5 * n1));
+    if (!buf) return -1;
+    double *W = buf, *T = W + n1 * n1, *g = T + N * N, *w = g + n1, *d = w + n1, *tmp = d + n1, *c = tmp + n1;
+    const int64_t *lengths = a->lengths.buf;
+    const char *theta = a->theta.buf;
+    const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
+    for (idx b = 0; b < a->B; b++) {
+        const idx n = lengths[b];
+        const double shift = load(theta + b * stride, a->f32, n1, n, W, n + 1, tmp, c);
+        const double z = isnan(shift) ? NAN : gth_log_partition(W, n + 1, n, a->single_root, T, g, w, d);
+        ((uint8_t *)a->ok.buf)[b] = !isnan(z);
+        ((double *)a->logz.buf)[b] = z + shift;
     }
     free(buf);
     return 0;
 }
 
-static PyObject *log_partition(PyObject *self, PyObject *args) {
-    Py_buffer theta, logz, ok;
-    Py_ssize_t B, n1;
-    int single_root;
-    if (!PyArg_ParseTuple(args, "y*nnpw*w*", &theta, &B, &n1, &single_root, &logz, &ok)) return NULL;
+VECTOR_CLONES static int run_marginals(Args *a) {
+    const idx n1 = a->n1, N = n1 - 1;
+    double *buf = malloc(sizeof(double) * (N * N + n1 * N + 10 * n1));
+    if (!buf) return -1;
+    Work wk;
+    wk.A = buf;
+    wk.X = wk.A + N * N;
+    wk.s = wk.X + n1 * N;
+    wk.phi = wk.s + n1;
+    wk.rowmax = wk.phi + n1;
+    wk.tau = wk.rowmax + n1;
+    wk.u = wk.tau + n1;
+    wk.r = wk.u + n1;
+    wk.tmp = wk.r + n1;
+    wk.diag = wk.tmp + n1;
+    double *c = wk.diag + n1, *tmp = c + n1;
+    const int64_t *lengths = a->lengths.buf;
+    const char *theta = a->theta.buf;
+    const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
+    for (idx b = 0; b < a->B; b++) {
+        const idx n = lengths[b];
+        double *W = (double *)a->mu.buf + b * n1 * n1;
+        const double shift = load(theta + b * stride, a->f32, n1, n, W, n1, tmp, c);
+        int ok = 0;
+        const double z = isnan(shift) ? NAN : certified_marginals(W, n1, n, a->single_root, &wk, &ok);
+        /* zeros off the example's arcs (padding rows and columns) */
+        for (idx h = 0; h <= n; h++) memset(W + h * n1 + n + 1, 0, sizeof(double) * (N - n));
+        memset(W + (n + 1) * n1, 0, sizeof(double) * n1 * (N - n));
+        ((uint8_t *)a->ok.buf)[b] = ok;
+        ((double *)a->logz.buf)[b] = z + shift;
+    }
+    free(buf);
+    return 0;
+}
+
+static PyObject *entry(PyObject *args, int with_mu) {
+    Args a;
+    int parsed = with_mu ? PyArg_ParseTuple(args, "y*pnny*pw*w*w*", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok, &a.mu)
+                         : PyArg_ParseTuple(args, "y*pnny*pw*w*", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok);
+    if (!parsed) return NULL;
     PyObject *result = NULL;
-    if (n1 < 1 || theta.len != B * n1 * n1 * (Py_ssize_t)sizeof(double) || logz.len != B * (Py_ssize_t)sizeof(double) || ok.len != B) {
-        PyErr_SetString(PyExc_ValueError, "log_partition: expected float64 theta [B, n1, n1], float64 logz [B], uint8 ok [B]");
-    } else {
+    if (check(&a, with_mu)) {
         int status;
         Py_BEGIN_ALLOW_THREADS
-        status = solve(theta.buf, B, n1, single_root, logz.buf, ok.buf);
+        status = with_mu ? run_marginals(&a) : run_log_partition(&a);
         Py_END_ALLOW_THREADS
         if (status) PyErr_NoMemory(); else result = Py_None, Py_INCREF(Py_None);
     }
-    PyBuffer_Release(&theta);
-    PyBuffer_Release(&logz);
-    PyBuffer_Release(&ok);
+    release(&a, with_mu);
     return result;
 }
 
+static PyObject *log_partition(PyObject *self, PyObject *args) { return entry(args, 0); }
+
+static PyObject *marginals(PyObject *self, PyObject *args) { return entry(args, 1); }
+
 static PyMethodDef methods[] = {
     {"log_partition", log_partition, METH_VARARGS,
-     "log_partition(theta, B, n1, single_root, logz, ok): exact log Z of small matrix-tree problems, in place."},
+     "log_partition(theta, is_float32, B, n1, lengths, single_root, logz, ok): exact log Z, in place."},
+    {"marginals", marginals, METH_VARARGS,
+     "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu): certified log Z and marginals, in place."},
     {NULL, NULL, 0, NULL},
 };
 

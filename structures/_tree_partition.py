@@ -10,20 +10,20 @@ Every score is shifted by its column's (its dependent's) max, which changes each
 the same constant (every word has exactly one head), so the arc weights ``W = exp(θ - c)`` lie in
 ``[0, 1]`` with a 1 in every column. Then, per example:
 
-1. **Fast path** (float64, LAPACK; :mod:`structures._certified`): LU of the Laplacian, ``log Z``
-   from its pivots, ``X = M^{-1}`` and Koo et al.'s formulas for the marginals (single root: the
-   Laplacian of the words rooted at one word ``c0`` and a rank-one correction). It is kept only
-   where an *a-posteriori bound* of its error, computed from the factors at ``O(n^2)`` cost,
-   certifies that ``log Z`` and every marginal are within ``TOL = 1e-9`` (absolute) of the exact
-   values. LU of an M-matrix has backward error ``|E| <= γ |L||U|``; the bound propagates it
-   through ``X`` with the column sums of ``|L||U|`` and the row maxima and absorption times of
-   ``X``. ``log Z`` alone (``log_partition`` of potentials that do not require grad; otherwise the
-   backward will want the marginals, computed with it) needs no inverse: the factors, one solve
-   and a bound on ``diag X`` from ``U``; for full-length sentences of up to ``_SMALL`` words it is
-   computed in C instead (``_matrix_tree_c.c``, where the optional extension is built): the
-   subtraction-free elimination of step 2 one word at a time, exact without a certificate, and
-   cheaper than the ~70 small torch calls of the LAPACK path at these sizes. At large score
-   scales the pivots cancel, the bound explodes, and the example moves on:
+1. **Fast path**: LU of the Laplacian in float64, ``log Z`` from its pivots, ``X = M^{-1}`` and
+   Koo et al.'s formulas for the marginals (single root: the Laplacian of the words rooted at one
+   word ``c0`` and a rank-one correction). It is kept only where an *a-posteriori bound* of its
+   error, computed from the factors at ``O(n^2)`` cost, certifies that ``log Z`` and every
+   marginal are within ``TOL = 1e-9`` (absolute) of the exact values. LU of an M-matrix has
+   backward error ``|E| <= γ |L||U|``; the bound propagates it through ``X`` with the column sums
+   of ``|L||U|`` and the row maxima and absorption times of ``X``. On the CPU, where the optional
+   extension is built, the whole batch is one C call (``_matrix_tree_c.c``: the same arithmetic
+   and bound, each example at its own length); elsewhere torch and LAPACK
+   (:mod:`structures._certified`). ``log Z`` alone (``log_partition`` of potentials that do not
+   require grad; otherwise the backward will want the marginals, computed with it) needs no
+   inverse: in C, the subtraction-free elimination of step 2 one word at a time, exact without a
+   certificate; in torch, the factors, one solve and a bound on ``diag X`` from ``U``. At large
+   score scales the pivots cancel, the bound explodes, and the example moves on:
 2. **Exact path** (:mod:`structures._matrix_tree`): subtraction-free elimination
    (Grassmann–Taksar–Heyman) in float64, blocked, with the marginals from leave-one-out
    eliminations instead of Koo's cancelling difference; every quantity is a sum of products of
@@ -50,13 +50,12 @@ from torch import Tensor
 from . import _certified as cert
 from . import _matrix_tree as mt
 
-try:  # exact log Z of short sentences in C (_matrix_tree_c.c, built at install time where a C compiler is)
+try:  # the fast paths in C (_matrix_tree_c.c, built at install time where a C compiler is)
     from . import _matrix_tree_c
 except ImportError:
     _matrix_tree_c = None
 
 _RANGE = 1e280  # the linear exact path's range check
-_SMALL = 96  # up to this many words, log Z alone is computed by the C extension where it is built
 
 
 def masks(N: int, lengths: Tensor, device) -> tuple[Tensor, Tensor]:
@@ -227,40 +226,27 @@ def solve(logW: Tensor, real: Tensor, single_root: bool, fast: bool = True, info
 def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_root: bool, fast: bool = True,
                                 info: dict | None = None, marginals: bool = True) -> tuple[Tensor, Tensor | None]:
     """``(log Z [B], μ [B, N+1, N+1])`` in float64, exactly (see the module doc). ``fast=False``
-    skips the certified LAPACK path; ``info['method']`` tells, per example, which path answered
-    (``fast``: the certified LAPACK path or, for log Z alone, the C elimination; ``lin``, ``log``,
-    ``conditioned`` or ``none`` where no tree exists).
+    skips the fast paths; ``info['method']`` tells, per example, which path answered (``fast``:
+    the certified path or, for log Z alone, the C elimination; ``lin``, ``log``, ``conditioned``
+    or ``none`` where no tree exists).
     ``marginals=False``: log Z alone (μ is None), the fast path without an inverse."""
     x = theta.detach()
     B, N1, _ = x.shape
     N = N1 - 1
     dev = x.device
     full = lengths is None or bool((lengths == N).all())
-    valid, real = (None, torch.ones(B, N, dtype=torch.bool, device=dev)) if full else masks(N, lengths, dev)
-
-    def shifted(rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``(θ - c, c [b, N])`` in float64 (a copy) for some examples, -inf on the arcs that do not
-        exist (every example full: the diagonal and column 0), c the max of every column."""
-        out = (x if rows is None else x[rows]).to(torch.float64, copy=True)
-        if valid is None:
-            out.diagonal(dim1=-2, dim2=-1).fill_(-math.inf)
-            out.select(2, 0).fill_(-math.inf)
-        else:
-            out.masked_fill_(~(valid if rows is None else valid[rows]), -math.inf)
-        c = out[:, :, 1:].amax(1).nan_to_num_(neginf=0.0)  # padding words and words without heads (-inf)
-        out[:, :, 1:].sub_(c[:, None, :])
-        return out, c
-
-    if fast:
+    if fast and _matrix_tree_c is not None and dev.type == "cpu":
+        logZ, mu, ok = _in_c(x, lengths, single_root, marginals)
+    elif fast:
+        valid, real = (None, None) if full else masks(N, lengths, dev)
         if marginals:
-            logW, c = shifted()
-            z, mu, ok = cert.marginals(logW.exp_(), real, single_root)
-        elif _matrix_tree_c is not None and valid is None and N <= _SMALL and x.device.type == "cpu":
-            (z, ok), mu, c = _small_log_partition(x, single_root), None, None
+            logW, c = _shifted(x, valid)
+            z, mu, ok = cert.marginals(logW.exp_(), _real(real, B, N, dev), single_root)
         else:
             Wt, root, c = _word_weights(x, valid)
-            (z, ok), mu = cert.log_partition(Wt, root, None if valid is None else real, single_root), None
-        logZ = z if c is None else z.add_(c.sum(1))
+            (z, ok), mu = cert.log_partition(Wt, root, real, single_root), None
+        logZ = z.add_(c.sum(1))
+    if fast:
         if bool(ok.all()):
             if info is not None:
                 info["method"] = ["fast"] * B
@@ -272,9 +258,10 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
         mu = x.new_zeros(B, N1, N1, dtype=torch.float64) if marginals else None
         rows = torch.arange(B, device=dev)
         method = [""] * B
+    valid, real = (None, None) if full else masks(N, lengths, dev)
     sub: dict = {}
-    logW, c = shifted(rows if fast else None)
-    z, m = solve(logW, real[rows], single_root, False, sub)
+    logW, c = _shifted(x[rows], None if valid is None else valid[rows])
+    z, m = solve(logW, _real(real, B, N, dev)[rows], single_root, False, sub)
     logZ[rows] = z + c.sum(1)
     if mu is not None:
         mu[rows] = m
@@ -285,15 +272,44 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     return logZ, mu
 
 
-def _small_log_partition(x: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
-    """``(log Z [B], ok [B])`` of full-length examples on CPU by the C extension
-    (``_matrix_tree_c.c``): the subtraction-free elimination one word at a time, exact at any scale
-    (no certificate needed); not ok where a pivot underflows or no tree exists."""
-    t = x.to(torch.float64).contiguous()
-    logZ = t.new_empty(t.shape[0])
-    ok = torch.empty(t.shape[0], dtype=torch.uint8)
-    _matrix_tree_c.log_partition(t.numpy(), t.shape[0], t.shape[1], single_root, logZ.numpy(), ok.numpy())
-    return logZ, ok.bool()
+def _real(real: Tensor | None, B: int, N: int, device) -> Tensor:
+    """``real [B, N]`` (None: every word real)."""
+    return torch.ones(B, N, dtype=torch.bool, device=device) if real is None else real
+
+
+def _shifted(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``(θ - c, c [b, N])`` in float64 (a copy), -inf on the arcs that do not exist (``valid``
+    False; None: every example full, the diagonal and column 0), c the max of every column."""
+    out = x.to(torch.float64, copy=True)
+    if valid is None:
+        out.diagonal(dim1=-2, dim2=-1).fill_(-math.inf)
+        out.select(2, 0).fill_(-math.inf)
+    else:
+        out.masked_fill_(~valid, -math.inf)
+    c = out[:, :, 1:].amax(1).nan_to_num_(neginf=0.0)  # padding words and words without heads (-inf)
+    out[:, :, 1:].sub_(c[:, None, :])
+    return out, c
+
+
+def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """``(log Z [B], μ [B, N+1, N+1] or None, ok [B])`` on the CPU by the C extension
+    (``_matrix_tree_c.c``), every example at its own length: log Z alone by the subtraction-free
+    elimination (exact at any scale, no certificate), with the marginals by the certified path of
+    :mod:`structures._certified` (the same arithmetic and bound); not ok where that bound does not
+    certify, where a pivot underflows or no tree exists, or for NaN or +inf scores."""
+    B, N1, _ = x.shape
+    t = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)
+    t = t.contiguous()
+    n = torch.full((B,), N1 - 1, dtype=torch.int64) if lengths is None else lengths.to(torch.int64).contiguous()
+    logZ = torch.empty(B, dtype=torch.float64)
+    ok = torch.empty(B, dtype=torch.uint8)
+    args = (t.numpy(), t.dtype == torch.float32, B, N1, n.numpy(), single_root, logZ.numpy(), ok.numpy())
+    if not marginals:
+        _matrix_tree_c.log_partition(*args)
+        return logZ, None, ok.bool()
+    mu = torch.empty(B, N1, N1, dtype=torch.float64)
+    _matrix_tree_c.marginals(*args, mu.numpy())
+    return logZ, mu, ok.bool()
 
 
 def _word_weights(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:

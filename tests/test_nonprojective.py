@@ -81,9 +81,10 @@ ROOTS = pytest.mark.parametrize("single_root", [False, True], ids=["multi", "sin
 
 
 @pytest.fixture(params=["lapack", "c"])
-def log_z_alone(request, monkeypatch):
-    """log Z alone (``marginals=False``) by the certified LAPACK path, or for short full-length
-    sentences by the C elimination (skipped where the extension is not built)."""
+def fast_path(request, monkeypatch):
+    """The fast paths by torch and LAPACK (the certified path; log Z alone from the factors), or by
+    the C extension (the same certified path for the marginals; log Z alone by the exact
+    elimination), which is skipped where the extension is not built."""
     import structures._tree_partition as partition
 
     if request.param == "lapack":
@@ -134,7 +135,7 @@ def test_every_query_matches_enumeration(single_root, n, scale):
 
 @ROOTS
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
-def test_every_path_matches_enumeration(single_root, n, log_z_alone):
+def test_every_path_matches_enumeration(single_root, n, fast_path):
     """The certified LAPACK path, the subtraction-free float64 path and the log-space path."""
     g = gen(7 + n)
     theta = torch.randn(4, n + 1, n + 1, generator=g, dtype=torch.float64) * 3
@@ -168,7 +169,7 @@ def test_count_closed_forms(single_root):
 
 
 @ROOTS
-def test_std40_float32_marginals_match_high_precision(single_root, log_z_alone):
+def test_std40_float32_marginals_match_high_precision(single_root, fast_path):
     """The issue's case: scores of standard deviation 40 on 20 words, float32 inputs; every
     marginal within 1e-5 of a 700-digit reference (measured: a few 1e-8, float32 rounding)."""
     g = gen(40 + single_root)
@@ -191,7 +192,7 @@ def test_std40_float32_marginals_match_high_precision(single_root, log_z_alone):
 
 
 @ROOTS
-def test_extreme_scales_go_to_log_space(single_root, log_z_alone):
+def test_extreme_scales_go_to_log_space(single_root, fast_path):
     """Scores of standard deviation 400: cycles outweigh trees beyond float64's range; the log-space
     path stays exact (and log Z alone, by either path)."""
     g = gen(400 + single_root)
@@ -208,7 +209,7 @@ def test_extreme_scales_go_to_log_space(single_root, log_z_alone):
 
 
 @ROOTS
-def test_fast_path_is_certified_and_exact_on_adversarial_inputs(single_root, log_z_alone):
+def test_fast_path_is_certified_and_exact_on_adversarial_inputs(single_root, fast_path):
     """Wherever the LAPACK path's certificate passes it agrees with the subtraction-free path to
     1e-9 (measured: ~1e-13), over inputs with clusters of words and weak roots at many scales."""
     g = gen(5 + single_root)
@@ -233,6 +234,25 @@ def test_fast_path_is_certified_and_exact_on_adversarial_inputs(single_root, log
             assert bool(((z - ze).abs()[fast] <= 1e-9).all())
             assert_close(z, ze, rtol=1e-12, atol=1e-9)
     assert used > 50 and used_alone > 50  # the certificate does pass on benign inputs
+
+
+@ROOTS
+def test_fast_path_on_mixed_lengths_matches_high_precision(single_root, fast_path):
+    """Moderate scales (std 3), padded examples, float32 and float64 inputs: every example is
+    certified, and log Z and every marginal are within 1e-9 of the 700-digit reference."""
+    g = gen(30 + single_root)
+    theta = torch.randn(4, 21, 21, generator=g, dtype=torch.float64) * 3
+    lengths = torch.tensor([20, 13, 1, 7])
+    for x in (theta, theta.float()):
+        info: dict = {}
+        z, mu = log_partition_and_marginals(x, lengths, single_root, info=info)
+        z_alone = log_partition_and_marginals(x, lengths, single_root, marginals=False)[0]
+        assert info["method"] == ["fast"] * 4
+        for b, n in enumerate(lengths.tolist()):
+            ref_z, ref_mu = mp_reference(x[b, : n + 1, : n + 1].double(), single_root)
+            assert abs(float(z[b]) - ref_z) <= 1e-9 and abs(float(z_alone[b]) - ref_z) <= 1e-9
+            assert (mu[b, : n + 1, : n + 1] - ref_mu).abs().max() <= 1e-9
+            assert mu[b, n + 1 :].abs().sum() == 0 and mu[b, :, n + 1 :].abs().sum() == 0
 
 
 # ============================================================================== padding and constraints
