@@ -103,7 +103,7 @@ def test_samples_are_paths_at_the_frequencies_of_the_marginals(kind):
     n = 20000
     samples = d.sample((n,))
     assert samples.shape == (n, 4, 3, 4)
-    mu = d.marginals
+    mu = d.marginals.clamp(0, 1)  # (a certain cell's marginal may round to an ulp above 1)
     assert ((samples.mean(0) - mu).abs() <= 5 * (mu * (1 - mu) / n).sqrt() + 1e-9).all()
     for b, e in enumerate(enums):  # each sample is a path (all 0 where no path is left)
         assert not as_multiset(samples[:, b].unique(dim=0)) - e.support() if e.count else (samples[:, b] == 0).all()

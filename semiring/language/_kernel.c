@@ -111,6 +111,8 @@ typedef float vf __attribute__((vector_size(32)));
 typedef int32_t vif __attribute__((vector_size(32)));
 typedef double vd __attribute__((vector_size(32)));
 typedef int64_t vid __attribute__((vector_size(32)));
+typedef uint64_t vu64 __attribute__((vector_size(32)));
+#define ANY(mask) (((vu64)(mask))[0] | ((vu64)(mask))[1] | ((vu64)(mask))[2] | ((vu64)(mask))[3]) /* without a branch per lane */
 #define LANES_f32 8
 #define LANES_f64 4
 
@@ -128,7 +130,8 @@ static inline __attribute__((always_inline)) vf exp_f32(vf x) {
     vf p = ((r + 1.0f) + r2 * (0.5f + r * (1.0f / 6))) + r4 * ((1.0f / 24 + r * (1.0f / 120)) + r2 * (1.0f / 720 + r * (1.0f / 5040)));
     vf y = p * (vf)e;
     y = (vf)((vif)y & ~under);
-    for (int i = 0; i < LANES_f32; i++) if (over[i]) y[i] = expf(x[i]);
+    if (__builtin_expect(ANY(over) != 0, 0))
+        for (int i = 0; i < LANES_f32; i++) if (over[i]) y[i] = expf(x[i]);
     return y;
 }
 
@@ -148,7 +151,8 @@ static inline __attribute__((always_inline)) vd exp_f64(vd x) {
                  + r4 * (1.0 / 479001600 + r * (1.0 / 6227020800.0)));
     vd y = p * (vd)e;
     y = (vd)((vid)y & ~under);
-    for (int i = 0; i < LANES_f64; i++) if (over[i]) y[i] = exp(x[i]);
+    if (__builtin_expect(ANY(over) != 0, 0))
+        for (int i = 0; i < LANES_f64; i++) if (over[i]) y[i] = exp(x[i]);
     return y;
 }
 
@@ -386,6 +390,7 @@ static inline __attribute__((always_inline)) void rowk_terms_##SUFFIX(const Step
             const T *restrict x = src[r] + at;                                                              \
             const int64_t st = rd[2 + last];                                                                \
             if (r == 0 && st == 1) for (int64_t i = 0; i < inner; i++) out[i] = x[i];                      \
+            else if (r == 0 && st == 0) { const T c = x[0]; for (int64_t i = 0; i < inner; i++) out[i] = c; } \
             else if (r == 0) for (int64_t i = 0; i < inner; i++) out[i] = x[i * st];                       \
             else if (st == 1) for (int64_t i = 0; i < inner; i++) out[i] += x[i];                          \
             else if (st == 0) { const T c = x[0]; for (int64_t i = 0; i < inner; i++) out[i] += c; }       \

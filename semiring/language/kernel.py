@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..semirings import LogSemiring, Semiring
 from .plan import Plan, Step
+from .syntax import GOAL
 
 try:  # built at install time where a C compiler is (setup.py)
     from . import _kernel
@@ -109,15 +110,19 @@ class Bound:
         return True
 
 
-def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semiring, buf: dict[str, Tensor],
-         batch: int) -> Bound | None:
-    """The kernel for a run in place on ``buf`` (``[B or 1, positions]`` per key), or None where it
-    does not apply: another semiring (Max included), off the CPU, neither float32 nor float64."""
-    if not available() or type(semiring) is not LogSemiring:
-        return None
-    like = next(iter(buf.values()))
-    if like.device.type != "cpu" or like.dtype not in (torch.float32, torch.float64):
-        return None
+def applies(semiring: Semiring, inputs) -> bool:
+    """Whether a run of this semiring on these input tensors is the kernel's: the Log semiring (not
+    Max), floating inputs on the CPU, all float32 or all float64, the extension built and enabled."""
+    floats = [x for x in inputs if x.dtype.is_floating_point]
+    return (available() and type(semiring) is LogSemiring and bool(floats)
+            and all(x.device.type == "cpu" and x.dtype == floats[0].dtype for x in floats)
+            and floats[0].dtype in (torch.float32, torch.float64))
+
+
+def bind(plan: Plan, levels: list[list[Step]], backward_order, buf: dict[str, Tensor], batch: int) -> Bound | None:
+    """The kernel for a run in place on ``buf`` (``[B or 1, positions]`` per key; a run that
+    :func:`applies`), or None where a buffer is not in the float dtype of the charts'."""
+    like = buf[GOAL]
     levels_ = packed(plan, levels, backward_order)
     for key in levels_.keys:
         t = buf[key]

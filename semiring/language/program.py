@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import Log, Semiring
+from . import kernel
 from .autodiff import Tape
 from .execute import Run
 from .factor import eliminate, factor
@@ -228,7 +229,8 @@ class Program:
         these) and looked-up indices already checked: nothing here reads a value on the host."""
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
-        return Tape.apply(Run(self.plan(shapes), semiring, list(elements), lengths, batch), *elements.values())
+        run = Run(self.plan(shapes), semiring, list(elements), lengths, batch, native=kernel.applies(semiring, elements.values()))
+        return Tape.apply(run, *elements.values())
 
 
 def program(text: str) -> Program:
