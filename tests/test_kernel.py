@@ -35,26 +35,40 @@ def run(name: str, dtype: torch.dtype):
     return text, inputs, lengths
 
 
-def value_and_gradients(text, inputs, lengths):
+def value_and_gradients(text, inputs, lengths, semiring=sr.Log):
     floats = {k: v.clone().requires_grad_() for k, v in inputs.items() if v.dtype.is_floating_point}
-    out = sr.program(text)(sr.Log, lengths=lengths, **{**inputs, **floats})
+    out = sr.program(text)(semiring, lengths=lengths, **{**inputs, **floats})
     grads = torch.autograd.grad(out[out.isfinite()].sum(), list(floats.values()), allow_unused=True)
     return out.detach(), [torch.zeros_like(x) if g is None else g for x, g in zip(floats.values(), grads)]
 
 
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_the_kernel_equals_the_torch_calls_and_the_interpreter(name, dtype):
+def test_the_kernel_equals_the_torch_calls_and_the_interpreter(name, dtype, semiring):
+    """Log: values and gradients (marginals); Max: values and the gradient (the best structure,
+    ties to the first rule and the first instance, as the torch calls break them)."""
     text, inputs, lengths = run(name, dtype)
-    value, grads = value_and_gradients(text, inputs, lengths)
+    value, grads = value_and_gradients(text, inputs, lengths, semiring)
     with kernel.disabled():
-        value_torch, grads_torch = value_and_gradients(text, inputs, lengths)
+        value_torch, grads_torch = value_and_gradients(text, inputs, lengths, semiring)
     tolerance = {} if dtype is torch.float64 else dict(rtol=1e-5, atol=1e-5)
     assert_close(value, value_torch, **tolerance)
     for g, gt in zip(grads, grads_torch):
         assert_close(g, gt, **tolerance)
-    expected = interpret(text, sr.Log, lengths=lengths, **{k: v.double() if v.dtype.is_floating_point else v for k, v in inputs.items()})
+    expected = interpret(text, semiring, lengths=lengths, **{k: v.double() if v.dtype.is_floating_point else v for k, v in inputs.items()})
     assert_close(value.double(), expected, **tolerance)
+
+
+def test_max_ties_go_to_the_first_rule_and_instance_as_in_the_torch_calls():
+    """Integer-valued scores make ties everywhere: the kernel's best structure is the torch calls'."""
+    g = torch.Generator().manual_seed(3)
+    for text, shape in ((_MULTI_ROOT, (4, 7, 7)), (ConstituencyCRF.program.text, (4, 6, 6, 2))):
+        x = torch.randint(-2, 2, shape, generator=g).double()
+        value, (grad,) = value_and_gradients(text, dict(arc=x) if len(shape) == 3 else dict(score=x), None, sr.Max)
+        with kernel.disabled():
+            value_torch, (grad_torch,) = value_and_gradients(text, dict(arc=x) if len(shape) == 3 else dict(score=x), None, sr.Max)
+        assert torch.equal(value, value_torch) and torch.equal(grad, grad_torch)
 
 
 def test_the_cpu_runs_eisner_and_cky_in_the_kernel():

@@ -15,14 +15,21 @@
  * ⊕ over every rule that writes it; clamped to the finite range as execute._softmax_weights does);
  * a step without K that alone writes its items passes g unchanged.
  *
+ * Three ways through a step (path()): without K, a row of items at a time along the last L
+ * coordinate; with K over rows of at least 4 items, a row at a time too, the vector lanes being
+ * items (the terms of the row's instances in a [K, row] scratch, max and Σ exp down its columns);
+ * else item by item, the lanes being its K instances. The exp and the log1p of logaddexp are
+ * vector polynomials, exact to half an ulp (tests/test_kernel.py checks both against torch).
+ *
  * Descriptor of a level (int64): the number of steps, then per step
  *   n, nL, R, H, M, accumulate, shared, sizes[n],
  *   R x (src, offset, strides[n]), H x (src, offset, strides[nL]), M x (op (0: >=, 1: !=), const, coeffs[n]).
  * Table (int64): per source, (address, batch stride).
  *
- * forward(double, B, table, level)            the level's items into their heads
- * backward(double, B, table, grads, level)    its gradients into the grads table's buffers (the
- *                                             level's steps in the order of execute._backward_order)
+ * forward(max, double, B, table, level)          the level's items into their heads (max: the Max
+ *                                                semiring's, below; else the Log semiring's)
+ * backward(max, double, B, table, grads, level)  its gradients into the grads table's buffers (the
+ *                                                level's steps in the order of execute._backward_order)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -83,18 +90,19 @@ static int next(int64_t *coords, const int64_t *sizes, int64_t lo, int64_t hi) {
 #define PITCH(inner) (((inner) + 7) / 8 * 8) /* a scratch row: a multiple of both vector widths */
 #define ROW_LIMIT (1 << 22)                     /* the most numbers a row-at-a-time step may hold */
 
-/* how a step runs: 1 a row of items at a time without K, 2 a row at a time with K (long rows), 0 item by item */
-static int path(const Step *s) {
+/* how a step runs: 1 a row of items at a time without K (Log), 2 a row at a time with K (long rows;
+ * Max: with or without K), 0 item by item */
+static int path(const Step *s, int max) {
     if (!s->nL) return 0;
-    if (s->n == s->nL) return 1;
+    if (s->n == s->nL && !max) return 1;
     const int64_t inner = s->sizes[s->nL - 1];
     return inner >= 4 && s->K * PITCH(inner) <= ROW_LIMIT ? 2 : 0;
 }
 
 /* the scratch numbers a step needs */
-static int64_t need(const Step *s) {
+static int64_t need(const Step *s, int max) {
     const int64_t pitch = s->nL ? PITCH(s->sizes[s->nL - 1]) : 8;
-    switch (path(s)) {
+    switch (path(s, max)) {
     case 1: return 2 * pitch + 8;
     case 2: return (s->K + 3) * pitch + 8;
     default: return 2 * (s->K + 8);
@@ -498,7 +506,7 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
 VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,      \
                                                 T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
     int64_t coords[MAXDIM];                                                                                 \
-    const int way = path(s);                                                                                \
+    const int way = path(s, 0);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = 0; b < B; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
@@ -531,7 +539,7 @@ VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const
                                                  T **gsrc, T **gdst, int64_t *rbase, int64_t *hbase) {      \
     int64_t coords[MAXDIM];                                                                                 \
     const int pass = s->n == s->nL && !s->shared; /* one instance per item: its gradient passes */         \
-    const int way = path(s);                                                                                \
+    const int way = path(s, 0);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = 0; b < B; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
@@ -588,11 +596,177 @@ VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const
 #define VECTOR_CLONES
 #endif
 
+/* The Max semiring, item by item: an item is the max of its terms; the backward routes g to the
+ * first instance reaching the max (torch.max's), and where several rules write the item, only from
+ * a rule whose max is the item, the first such in program order taking it (its heads' gradients are
+ * then zeroed: execute._argmax_weights and _claim). NaN propagates, as torch.amax. */
+#define MAX_KERNELS(T, V, VI, SUFFIX)                                                                              \
+static int64_t best_##SUFFIX(const T *t, int64_t K, T *best) {                                             \
+    int64_t kb = 0;                                                                                         \
+    T b = t[0];                                                                                             \
+    if (b != b) { *best = b; return 0; }                                                                   \
+    for (int64_t k = 1; k < K; k++) {                                                                       \
+        if (t[k] != t[k]) { *best = t[k]; return k; }                                                      \
+        if (t[k] > b) { b = t[k]; kb = k; }                                                                \
+    }                                                                                                       \
+    *best = b;                                                                                              \
+    return kb;                                                                                              \
+}                                                                                                           \
+                                                                                                            \
+/* the best of each item of a row (lanes = items, scratch as rowk_terms) and, where kb, its first     \
+ * instance reaching it */                                                                                  \
+static inline __attribute__((always_inline)) void row_best_##SUFFIX(const T *t, int64_t K, int64_t pitch,   \
+                                                                    T *best, T *kb) {                        \
+    for (int64_t c = 0; c < pitch; c += LANES_##SUFFIX) {                                                   \
+        V m = load_##SUFFIX(t + c);                                                                         \
+        VI at = {0};                                                                                        \
+        for (int64_t k = 1; k < K; k++) {                                                                   \
+            V x = load_##SUFFIX(t + k * pitch + c);                                                         \
+            VI take = (x > m) | ((x != x) & (m == m)); /* (a NaN wins, the first one) */                    \
+            m = (V)(((VI)x & take) | ((VI)m & ~take));                                                      \
+            at = (((VI){0} + (__typeof__(at[0]))k) & take) | (at & ~take);                                  \
+        }                                                                                                   \
+        store_##SUFFIX(best + c, m);                                                                        \
+        if (kb) memcpy(kb + c, &at, sizeof at);                                                             \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+static inline __attribute__((always_inline)) void max_forward_rowk_##SUFFIX(const Step *s, T *const *src, T *const *dst, int64_t *rbase,          \
+                                      int64_t *hbase, T *t) {                                               \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int64_t last = s->nL - 1, inner = s->sizes[last], pitch = PITCH(inner), K = s->K;                \
+    T *restrict v = t + K * pitch;                                                                          \
+    memset(coords, 0, sizeof coords);                                                                       \
+    do {                                                                                                    \
+        item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
+        if (K) {                                                                                            \
+            rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                    \
+            row_best_##SUFFIX(t, K, pitch, v, NULL);                                                        \
+        } else {                                                                                            \
+            for (int64_t i = 0; i < inner; i++) v[i] = -INFINITY;                                          \
+        }                                                                                                   \
+        for (int64_t h = 0; h < s->H; h++) {                                                               \
+            T *restrict y = dst[h] + hbase[h];                                                              \
+            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
+            for (int64_t i = 0; i < inner; i++) {                                                          \
+                const T a = y[i * hs], b = v[i];                                                            \
+                y[i * hs] = !s->accumulate || b != b || (a == a && b > a) ? b : a;                          \
+            }                                                                                               \
+        }                                                                                                   \
+    } while (next(coords, s->sizes, 0, last));                                                              \
+}                                                                                                           \
+                                                                                                            \
+static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(const Step *s, T *const *src, T *const *dst, T *const *gsrc,        \
+                                       T *const *gdst, int64_t *rbase, int64_t *hbase, T *t) {              \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int64_t last = s->nL - 1, inner = s->sizes[last], pitch = PITCH(inner), K = s->K;                \
+    T *restrict g = t + K * pitch, *restrict best = g + pitch, *restrict kb = best + pitch;                 \
+    if (!K) return;                                                                                         \
+    memset(coords, 0, sizeof coords);                                                                       \
+    do {                                                                                                    \
+        item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
+        int any = 0;                                                                                        \
+        for (int64_t i = 0; i < inner; i++) {                                                              \
+            T gi = 0;                                                                                       \
+            for (int64_t h = 0; h < s->H; h++) gi += gdst[h][hbase[h] + i * s->heads[h * (2 + s->nL) + 2 + last]]; \
+            g[i] = gi;                                                                                      \
+            any |= gi != 0;                                                                                 \
+        }                                                                                                   \
+        if (!any) continue;                                                                                 \
+        rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                        \
+        row_best_##SUFFIX(t, K, pitch, best, kb);                                                           \
+        int64_t kcoords[MAXDIM];                                                                            \
+        for (int64_t i = 0; i < inner; i++) {                                                              \
+            if (g[i] == 0) continue;                                                                        \
+            if (s->shared) {                                                                                \
+                if (!(best[i] == dst[0][hbase[0] + i * s->heads[2 + last]])) continue;                     \
+                for (int64_t h = 0; h < s->H; h++) gdst[h][hbase[h] + i * s->heads[h * (2 + s->nL) + 2 + last]] = 0; \
+            }                                                                                               \
+            VI lane;                                                                                        \
+            memcpy(&lane, kb + i / LANES_##SUFFIX * LANES_##SUFFIX, sizeof lane);                          \
+            int64_t k = lane[i % LANES_##SUFFIX];                                                           \
+            for (int64_t d = s->n - 1; d >= s->nL; d--) { kcoords[d] = k % s->sizes[d]; k /= s->sizes[d]; } \
+            for (int64_t r = 0; r < s->R; r++) {                                                           \
+                const int64_t *rd = s->reads + r * (2 + s->n);                                             \
+                int64_t at = rbase[r] + i * rd[2 + last];                                                   \
+                for (int64_t d = s->nL; d < s->n; d++) at += rd[2 + d] * kcoords[d];                       \
+                gsrc[r][at] += g[i];                                                                        \
+            }                                                                                               \
+        }                                                                                                   \
+    } while (next(coords, s->sizes, 0, last));                                                              \
+}                                                                                                           \
+                                                                                                            \
+VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,                \
+                                      T **src, T **dst, int64_t *rbase, int64_t *hbase) {                   \
+    int64_t coords[MAXDIM];                                                                                 \
+    if (empty_##SUFFIX(s)) return;                                                                          \
+    for (int64_t b = 0; b < B; b++) {                                                                       \
+        place_##SUFFIX(s, table, b, src, dst);                                                              \
+        if (path(s, 1)) {                                                                                   \
+            max_forward_rowk_##SUFFIX(s, src, dst, rbase, hbase, t);                                        \
+            continue;                                                                                       \
+        }                                                                                                   \
+        memset(coords, 0, sizeof coords);                                                                   \
+        do {                                                                                                \
+            item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
+            T v = -INFINITY;                                                                                \
+            if (s->K) {                                                                                     \
+                terms_##SUFFIX(s, src, rbase, coords, t);                                                   \
+                best_##SUFFIX(t, s->K, &v);                                                                 \
+            }                                                                                               \
+            for (int64_t h = 0; h < s->H; h++) {                                                           \
+                T *y = dst[h] + hbase[h];                                                                   \
+                if (!s->accumulate || v != v) *y = v;                                                       \
+                else if (*y == *y && v > *y) *y = v;                                                       \
+            }                                                                                               \
+        } while (next(coords, s->sizes, 0, s->nL));                                                         \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+VECTOR_CLONES static void max_backward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table,                     \
+                                       const int64_t *gtable, T *t, T **src, T **dst, T **gsrc, T **gdst,   \
+                                       int64_t *rbase, int64_t *hbase) {                                    \
+    int64_t coords[MAXDIM];                                                                                 \
+    if (empty_##SUFFIX(s)) return;                                                                          \
+    for (int64_t b = 0; b < B; b++) {                                                                       \
+        place_##SUFFIX(s, table, b, src, dst);                                                              \
+        place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
+        if (path(s, 1)) {                                                                                   \
+            max_backward_rowk_##SUFFIX(s, src, dst, gsrc, gdst, rbase, hbase, t);                           \
+            continue;                                                                                       \
+        }                                                                                                   \
+        memset(coords, 0, sizeof coords);                                                                   \
+        do {                                                                                                \
+            item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
+            T g = 0;                                                                                        \
+            for (int64_t h = 0; h < s->H; h++) g += gdst[h][hbase[h]];                                     \
+            if (g == 0 || s->K == 0) continue;                                                              \
+            terms_##SUFFIX(s, src, rbase, coords, t);                                                       \
+            T best;                                                                                         \
+            int64_t kb = best_##SUFFIX(t, s->K, &best);                                                     \
+            if (s->shared) {                                                                                \
+                if (!(best == dst[0][hbase[0]])) continue; /* another rule reached the item */             \
+                for (int64_t h = 0; h < s->H; h++) gdst[h][hbase[h]] = 0; /* claimed */                    \
+            }                                                                                               \
+            for (int64_t d = s->n - 1; d >= s->nL; d--) { coords[d] = kb % s->sizes[d]; kb /= s->sizes[d]; } \
+            for (int64_t r = 0; r < s->R; r++) {                                                           \
+                const int64_t *rd = s->reads + r * (2 + s->n);                                             \
+                int64_t at = rbase[r];                                                                      \
+                for (int64_t d = s->nL; d < s->n; d++) at += rd[2 + d] * coords[d];                        \
+                gsrc[r][at] += g;                                                                           \
+            }                                                                                               \
+            for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                          \
+        } while (next(coords, s->sizes, 0, s->nL));                                                         \
+    }                                                                                                       \
+}
+
 KERNELS(double, vd, vid, f64, -DBL_MAX, log, log1p, exp)
 KERNELS(float, vf, vif, f32, -FLT_MAX, logf, log1pf, expf)
+MAX_KERNELS(double, vd, vid, f64)
+MAX_KERNELS(float, vf, vif, f32)
 
 /* the level's steps: their count, and the largest K and R/H (scratch sizes); -1 on a bad descriptor */
-static int64_t scan_level(const int64_t *p, Py_ssize_t len, int64_t *room, int64_t *maxRH) {
+static int64_t scan_level(const int64_t *p, Py_ssize_t len, int max, int64_t *room, int64_t *maxRH) {
     const int64_t *end = p + len;
     if (len < 1) return -1;
     int64_t count = *p++;
@@ -602,7 +776,7 @@ static int64_t scan_level(const int64_t *p, Py_ssize_t len, int64_t *room, int64
         if (end - p < 7) return -1;
         p = parse(p, &s);
         if (p > end || !check(&s)) return -1;
-        if (need(&s) > *room) *room = need(&s);
+        if (need(&s, max) > *room) *room = need(&s, max);
         if (s.R > *maxRH) *maxRH = s.R;
         if (s.H > *maxRH) *maxRH = s.H;
     }
@@ -610,18 +784,18 @@ static int64_t scan_level(const int64_t *p, Py_ssize_t len, int64_t *room, int64
 }
 
 static PyObject *run(PyObject *args, int backward) {
-    int is_double;
+    int max, is_double;
     Py_ssize_t B;
     Py_buffer table, gtable = {0}, level;
     if (backward) {
-        if (!PyArg_ParseTuple(args, "pny*y*y*", &is_double, &B, &table, &gtable, &level)) return NULL;
-    } else if (!PyArg_ParseTuple(args, "pny*y*", &is_double, &B, &table, &level)) {
+        if (!PyArg_ParseTuple(args, "ppny*y*y*", &max, &is_double, &B, &table, &gtable, &level)) return NULL;
+    } else if (!PyArg_ParseTuple(args, "ppny*y*", &max, &is_double, &B, &table, &level)) {
         return NULL;
     }
     PyObject *result = NULL;
     int64_t room, maxRH;
     const int64_t *p = (const int64_t *)level.buf;
-    int64_t count = scan_level(p, level.len / (Py_ssize_t)sizeof(int64_t), &room, &maxRH);
+    int64_t count = scan_level(p, level.len / (Py_ssize_t)sizeof(int64_t), max, &room, &maxRH);
     size_t item = is_double ? sizeof(double) : sizeof(float);
     void *t = NULL, **ptrs = NULL;
     int64_t *offs = NULL;
@@ -644,11 +818,15 @@ static PyObject *run(PyObject *args, int backward) {
         p = parse(p, &s);
         if (is_double) {
             double **q = (double **)ptrs;
-            if (backward) backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            if (max && backward) max_backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            else if (max) max_forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
+            else if (backward) backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
             else forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
         } else {
             float **q = (float **)ptrs;
-            if (backward) backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            if (max && backward) max_backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
+            else if (max) max_forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
+            else if (backward) backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
             else forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
         }
     }
@@ -669,8 +847,8 @@ static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); 
 static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1); }
 
 static PyMethodDef methods[] = {
-    {"forward", forward, METH_VARARGS, "forward(double, B, table, level): the level's Log items into their heads"},
-    {"backward", backward, METH_VARARGS, "backward(double, B, table, grads, level): the level's gradients"},
+    {"forward", forward, METH_VARARGS, "forward(max, double, B, table, level): the level's items into their heads"},
+    {"backward", backward, METH_VARARGS, "backward(max, double, B, table, grads, level): the level's gradients"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -174,7 +174,8 @@ class Run:
         """The C kernel of the in-place levels on ``buf`` (:mod:`.kernel`), or None where it does not apply."""
         if dual or not self.native:
             return None
-        return kernel.bind(self.plan, [steps for _, steps in self.all_steps(fused=True)], _backward_order, buf, self.batch)
+        return kernel.bind(self.plan, [steps for _, steps in self.all_steps(fused=True)], _backward_order, self.semiring,
+                           buf, self.batch)
 
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
         """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``)."""
