@@ -38,7 +38,7 @@
 #define TOL 1e-9           /* marginals: certified absolute error of log Z and every marginal */
 #define UNIT 0x1p-53       /* unit roundoff of float64 */
 #define WEIGHT_ERR (720 * UNIT) /* relative error of a weight: exp (< 8 u) and the shift (< 708 u) */
-#define KB 4               /* eliminations (and substitutions) applied to a row in one pass */
+#define KB 8               /* eliminations (and substitutions) applied to a row in one pass */
 
 #if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
 #define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -82,7 +82,7 @@ INLINE double exp_nonpositive(double x) {
     return x < -708.0 ? 0.0 : p * scale;
 }
 
-/* Σ a_i b_i and Σ |a_i| b_i with eight partial sums (the order is free: the callers' bounds hold
+/* Σ a_i b_i, Σ |a_i| b_i, Σ |a_i| and Σ a_i with eight partial sums (the order is free: the callers' bounds hold
  * for any order of summation) */
 INLINE double dot(const double *restrict a, const double *restrict b, idx n) {
     double acc[8] = {0};
@@ -99,6 +99,15 @@ INLINE double abs_dot(const double *restrict a, const double *restrict b, idx n)
     for (; i + 8 <= n; i += 8)
         for (int t = 0; t < 8; t++) acc[t] += fabs(a[i + t]) * b[i + t];
     for (; i < n; i++) acc[0] += fabs(a[i]) * b[i];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+INLINE double abs_sum(const double *restrict a, idx n) {
+    double acc[8] = {0};
+    idx i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int t = 0; t < 8; t++) acc[t] += fabs(a[i + t]);
+    for (; i < n; i++) acc[0] += fabs(a[i]);
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
@@ -161,12 +170,102 @@ INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw
     return bad ? NAN : shift;
 }
 
+/* y[i] += a Σ_k y_k L[k, i] over the panel k0..k1-1, for i in [i0, i1) (y_k = y[k], a = ±1):
+ * one pass over y for KB eliminations or substitutions. The panel's terms are summed as a tree, not
+ * one after another: the error bounds of the LU factors and the substitutions hold for any order
+ * of summation, and the elimination's terms are non-negative. */
+INLINE void axpy_panel(double *restrict y, const double *L, idx n, idx k0, idx k1, idx i0, idx i1, double a) {
+    if (k1 - k0 == KB) {
+        const double c0 = a * y[k0], c1 = a * y[k0 + 1], c2 = a * y[k0 + 2], c3 = a * y[k0 + 3];
+        const double c4 = a * y[k0 + 4], c5 = a * y[k0 + 5], c6 = a * y[k0 + 6], c7 = a * y[k0 + 7];
+        const double *restrict l0 = L + k0 * n, *restrict l1 = l0 + n, *restrict l2 = l1 + n, *restrict l3 = l2 + n;
+        const double *restrict l4 = l3 + n, *restrict l5 = l4 + n, *restrict l6 = l5 + n, *restrict l7 = l6 + n;
+        for (idx i = i0; i < i1; i++)
+            y[i] += ((c0 * l0[i] + c1 * l1[i]) + (c2 * l2[i] + c3 * l3[i])) + ((c4 * l4[i] + c5 * l5[i]) + (c6 * l6[i] + c7 * l7[i]));
+    } else {
+        for (idx k = k0; k < k1; k++) {
+            const double c = a * y[k];
+            const double *restrict l = L + k * n;
+            for (idx i = i0; i < i1; i++) y[i] += c * l[i];
+        }
+    }
+}
+
+/* the back substitution's pass: y[i] -= Σ_k y_k U[k, i] over the panel k0..k1-1, for i < i1 */
+INLINE void axpy_panel_down(double *restrict y, const double *U, idx n, idx k0, idx k1, idx i1) {
+    if (k1 - k0 == KB) {
+        const double c0 = y[k0], c1 = y[k0 + 1], c2 = y[k0 + 2], c3 = y[k0 + 3];
+        const double c4 = y[k0 + 4], c5 = y[k0 + 5], c6 = y[k0 + 6], c7 = y[k0 + 7];
+        const double *restrict u0 = U + k0 * n, *restrict u1 = u0 + n, *restrict u2 = u1 + n, *restrict u3 = u2 + n;
+        const double *restrict u4 = u3 + n, *restrict u5 = u4 + n, *restrict u6 = u5 + n, *restrict u7 = u6 + n;
+        for (idx i = 0; i < i1; i++)
+            y[i] -= ((c0 * u0[i] + c1 * u1[i]) + (c2 * u2[i] + c3 * u3[i])) + ((c4 * u4[i] + c5 * u5[i]) + (c6 * u6[i] + c7 * u7[i]));
+    } else {
+        for (idx k = k1 - 1; k >= k0; k--) {
+            const double c = y[k];
+            const double *restrict u = U + k * n;
+            for (idx i = 0; i < i1; i++) y[i] -= c * u[i];
+        }
+    }
+}
+
+/* The panel's own columns k0..k1-1 of the rows j0..j1-1 of X (stride n), updated for all these
+ * rows at once (the rows are independent; a row's steps are not): transposed into P (kb x (j1-j0)
+ * scratch), then for t = 0, 1, ... in order: P[t] *= scale[k0+t] (scale NULL: no scaling),
+ * g[j] += gk[k0+t] P[t][j] (g NULL: none), P[t2] += sign L[k0+t, k0+t2] P[t] for t2 > t; and
+ * back. Each entry meets the same roundings as in one row at a time. */
+INLINE void panel_rows(double *X, idx n, idx j0, idx j1, idx k0, idx k1, const double *L, const double *scale, double sign,
+                       double *g, const double *gk, double *P) {
+    const idx m = j1 - j0, kb = k1 - k0;
+    for (idx j = 0; j < m; j++)
+        for (idx t = 0; t < kb; t++) P[t * m + j] = X[(j0 + j) * n + k0 + t];
+    for (idx t = 0; t < kb; t++) {
+        double *restrict pt = P + t * m;
+        if (scale) {
+            const double sc = scale[k0 + t];
+            for (idx j = 0; j < m; j++) pt[j] *= sc;
+        }
+        if (g) {
+            const double gt = gk[k0 + t];
+            double *restrict gj = g + j0;
+            for (idx j = 0; j < m; j++) gj[j] += gt * pt[j];
+        }
+        for (idx t2 = t + 1; t2 < kb; t2++) {
+            const double c = sign * L[(k0 + t) * n + k0 + t2];
+            double *restrict p2 = P + t2 * m;
+            for (idx j = 0; j < m; j++) p2[j] += c * pt[j];
+        }
+    }
+    for (idx j = 0; j < m; j++)
+        for (idx t = 0; t < kb; t++) X[(j0 + j) * n + k0 + t] = P[t * m + j];
+}
+
+/* the back substitution's panel_rows: for t = kb-1 down to 0, P[t] *= inv[k0+t], then
+ * P[t2] -= U[k0+t, k0+t2] P[t] for t2 < t */
+INLINE void panel_rows_down(double *X, idx n, idx j0, idx j1, idx k0, idx k1, const double *U, const double *inv, double *P) {
+    const idx m = j1 - j0, kb = k1 - k0;
+    for (idx j = 0; j < m; j++)
+        for (idx t = 0; t < kb; t++) P[t * m + j] = X[(j0 + j) * n + k0 + t];
+    for (idx t = kb - 1; t >= 0; t--) {
+        double *restrict pt = P + t * m;
+        const double sc = inv[k0 + t];
+        for (idx j = 0; j < m; j++) pt[j] *= sc;
+        for (idx t2 = 0; t2 < t; t2++) {
+            const double c = -U[(k0 + t) * n + k0 + t2];
+            double *restrict p2 = P + t2 * m;
+            for (idx j = 0; j < m; j++) p2[j] += c * pt[j];
+        }
+    }
+    for (idx j = 0; j < m; j++)
+        for (idx t = 0; t < kb; t++) X[(j0 + j) * n + k0 + t] = P[t * m + j];
+}
+
 /* ------------------------------------------------------------------------------- log_partition */
 
 /* log Z of the shifted weights of one example (W [n+1, n+1], stride ldw), or NAN where a pivot is
  * below LOW; T: n*n scratch (the words' arcs transposed, T[m, h] = W[h+1, m+1]: each word's heads
- * contiguous), g, w, d: n each. */
-INLINE double gth_log_partition(const double *W, idx ldw, idx n, int single_root, double *T, double *g, double *w, double *d) {
+ * contiguous), g, w, d: n each, P: KB * n. */
+INLINE double gth_log_partition(const double *W, idx ldw, idx n, int single_root, double *T, double *g, double *w, double *d, double *P) {
     transpose(T, W + ldw + 1, ldw, n, 1.0);
     idx c0 = 0;
     if (single_root) {
@@ -190,42 +289,28 @@ INLINE double gth_log_partition(const double *W, idx ldw, idx n, int single_root
             const double *restrict lo = T + k * n; /* lo[i], i > k: the arc k <- i (unscaled: Lo_ik d_k) */
             const double dk = g[k] + sum(lo + k + 1, n - k - 1);
             if (!(dk >= LOW) || dk == INFINITY) return NAN;
-            d[k] = dk;
             logdet += log(dk);
+            d[k] = 1.0 / dk; /* d is the reciprocal pivots from here (a multiplication is cheaper) */
             for (idx j = k + 1; j < k1; j++) {
                 double *restrict row = T + j * n;
-                const double up = row[k] / dk; /* Up[k, j], kept in T[j, k] */
+                const double up = row[k] * d[k]; /* Up[k, j], kept in T[j, k] */
                 row[k] = up;
                 g[j] += g[k] * up;
                 for (idx i = k + 1; i < n; i++) row[i] += up * lo[i];
             }
         }
-        for (idx j = k1; j < n; j++) { /* every later row: the panel's eliminations in one pass */
-            double *restrict row = T + j * n;
-            double up[KB];
-            for (idx k = k0; k < k1; k++) {
-                up[k - k0] = row[k] / d[k];
-                row[k] = up[k - k0];
-                g[j] += g[k] * up[k - k0];
-                for (idx kk = k + 1; kk < k1; kk++) row[kk] += up[k - k0] * T[k * n + kk];
-            }
-            if (k1 - k0 == KB) {
-                const double *restrict l0 = T + k0 * n, *restrict l1 = l0 + n, *restrict l2 = l1 + n, *restrict l3 = l2 + n;
-                for (idx i = k1; i < n; i++) row[i] = (((row[i] + up[0] * l0[i]) + up[1] * l1[i]) + up[2] * l2[i]) + up[3] * l3[i];
-            } else {
-                for (idx k = k0; k < k1; k++)
-                    for (idx i = k1; i < n; i++) row[i] += up[k - k0] * T[k * n + i];
-            }
-        }
+        /* every later row: the panel's eliminations, its own columns (Up[k, j]) first, then one pass */
+        panel_rows(T, n, k1, n, k0, k1, T, d, 1.0, g, g, P);
+        for (idx j = k1; j < n; j++) axpy_panel(T + j * n, T, n, k0, k1, k1, n, 1.0);
     }
     if (!single_root) return logdet;
     /* K = (I - Lo) D (I - Up): v = (I - Up)^{-1} D^{-1} (I - Lo)^{-1} w, additions only */
     for (idx k = 0; k < n; k++) {
-        const double t = w[k] / d[k];
+        const double t = w[k] * d[k];
         const double *restrict lo = T + k * n;
         for (idx i = k + 1; i < n; i++) w[i] += lo[i] * t;
     }
-    for (idx k = 0; k < n; k++) w[k] /= d[k];
+    for (idx k = 0; k < n; k++) w[k] *= d[k];
     for (idx j = n - 1; j > 0; j--) {
         const double *restrict up = T + j * n;
         const double x = w[j];
@@ -240,41 +325,10 @@ INLINE double gth_log_partition(const double *W, idx ldw, idx n, int single_root
 
 /* ------------------------------------------------------------------------------- marginals */
 
-/* y[i] = (((y[i] + a y_k0 L[k0, i]) + a y_k0+1 L[k0+1, i]) + ...) for i in [i0, i1), the panel
- * k0..k1-1 in order (the same roundings as one pass per k; y_k = y[k], a = ±1) */
-INLINE void axpy_panel(double *restrict y, const double *L, idx n, idx k0, idx k1, idx i0, idx i1, double a) {
-    if (k1 - k0 == KB) {
-        const double c0 = a * y[k0], c1 = a * y[k0 + 1], c2 = a * y[k0 + 2], c3 = a * y[k0 + 3];
-        const double *restrict l0 = L + k0 * n, *restrict l1 = l0 + n, *restrict l2 = l1 + n, *restrict l3 = l2 + n;
-        for (idx i = i0; i < i1; i++) y[i] = (((y[i] + c0 * l0[i]) + c1 * l1[i]) + c2 * l2[i]) + c3 * l3[i];
-    } else {
-        for (idx k = k0; k < k1; k++) {
-            const double c = a * y[k];
-            const double *restrict l = L + k * n;
-            for (idx i = i0; i < i1; i++) y[i] += c * l[i];
-        }
-    }
-}
-
-/* the back substitution's panel: y[i] -= y_k U[k, i] for k = k1-1 down to k0, for i < i1 */
-INLINE void axpy_panel_down(double *restrict y, const double *U, idx n, idx k0, idx k1, idx i1) {
-    if (k1 - k0 == KB) {
-        const double c3 = y[k0 + 3], c2 = y[k0 + 2], c1 = y[k0 + 1], c0 = y[k0];
-        const double *restrict u0 = U + k0 * n, *restrict u1 = u0 + n, *restrict u2 = u1 + n, *restrict u3 = u2 + n;
-        for (idx i = 0; i < i1; i++) y[i] = (((y[i] - c3 * u3[i]) - c2 * u2[i]) - c1 * u1[i]) - c0 * u0[i];
-    } else {
-        for (idx k = k1 - 1; k >= k0; k--) {
-            const double c = y[k];
-            const double *restrict u = U + k * n;
-            for (idx i = 0; i < i1; i++) y[i] -= c * u[i];
-        }
-    }
-}
-
 /* LU of M without row exchanges, in place, M stored transposed (A[j, i] = M[i, j], as LAPACK's
  * column-major): afterwards A[k, i] = L[i, k] (i > k) and A[j, k] = U[k, j] (k <= j); s[k] the
- * sum of |L[i, k]| below the diagonal. Returns log det M, or NAN at a pivot that is not > 0. */
-INLINE double lu(double *A, idx n, double *s) {
+ * sum of |L[i, k]| in column k, the unit diagonal included. Returns log det M, or NAN at a pivot that is not > 0. */
+INLINE double lu(double *A, idx n, double *s, double *P) {
     double logdet = 0.0;
     for (idx k0 = 0; k0 < n; k0 += KB) {
         const idx k1 = k0 + KB < n ? k0 + KB : n;
@@ -283,24 +337,18 @@ INLINE double lu(double *A, idx n, double *s) {
             const double p = l[k];
             if (!(p > 0.0) || p == INFINITY) return NAN;
             logdet += log(p);
-            double sk = 0.0;
-            for (idx i = k + 1; i < n; i++) {
-                l[i] /= p;
-                sk += fabs(l[i]);
-            }
-            s[k] = sk;
+            const double inv = 1.0 / p; /* as LAPACK's getf2 (within the bound's γ) */
+            for (idx i = k + 1; i < n; i++) l[i] *= inv;
+            s[k] = 1.0 + abs_sum(l + k + 1, n - k - 1);
             for (idx j = k + 1; j < k1; j++) {
                 double *restrict row = A + j * n;
                 const double a = row[k];
                 for (idx i = k + 1; i < n; i++) row[i] -= a * l[i];
             }
         }
-        for (idx j = k1; j < n; j++) { /* every later row: the panel's updates in one pass */
-            double *restrict row = A + j * n;
-            for (idx k = k0; k < k1; k++)
-                for (idx kk = k + 1; kk < k1; kk++) row[kk] -= row[k] * A[k * n + kk];
-            axpy_panel(row, A, n, k0, k1, k1, n, -1.0);
-        }
+        /* every later row: the panel's updates, its own columns (U[k, j]) first, then one pass */
+        panel_rows(A, n, k1, n, k0, k1, A, NULL, -1.0, NULL, NULL, P);
+        for (idx j = k1; j < n; j++) axpy_panel(A + j * n, A, n, k0, k1, k1, n, -1.0);
     }
     return logdet;
 }
@@ -310,34 +358,24 @@ INLINE double lu(double *A, idx n, double *s) {
  * its pivots inv (one more rounding per step: within the bound's γ = 4 n u, which covers
  * γ_{3n+1}); LU as left by lu(). The rows are solved together so that each row of the factors is
  * read once per block. */
-INLINE void solve_rows(const double *LU, const double *inv, idx n, double *Y, idx R, idx k0) {
+INLINE void solve_rows(const double *LU, const double *inv, idx n, double *Y, idx R, idx k0, double *P) {
     for (idx b0 = k0; b0 < n; b0 += KB) {
         const idx b1 = b0 + KB < n ? b0 + KB : n;
-        for (idx r = 0; r < R; r++) {
-            double *restrict y = Y + r * n;
-            for (idx k = b0; k < b1; k++)
-                for (idx i = k + 1; i < b1; i++) y[i] -= y[k] * LU[k * n + i];
-            axpy_panel(y, LU, n, b0, b1, b1, n, -1.0);
-        }
+        panel_rows(Y, n, 0, R, b0, b1, LU, NULL, -1.0, NULL, NULL, P);
+        for (idx r = 0; r < R; r++) axpy_panel(Y + r * n, LU, n, b0, b1, b1, n, -1.0);
     }
     for (idx b1 = n; b1 > 0; b1 -= KB) {
         const idx b0 = b1 - KB > 0 ? b1 - KB : 0;
-        for (idx r = 0; r < R; r++) {
-            double *restrict y = Y + r * n;
-            for (idx k = b1 - 1; k >= b0; k--) {
-                y[k] *= inv[k];
-                for (idx i = b0; i < k; i++) y[i] -= y[k] * LU[k * n + i];
-            }
-            axpy_panel_down(y, LU, n, b0, b1, b0);
-        }
+        panel_rows_down(Y, n, 0, R, b0, b1, LU, inv, P);
+        for (idx r = 0; r < R; r++) axpy_panel_down(Y + r * n, LU, n, b0, b1, b0);
     }
 }
 
-#define BLOCK 8 /* right-hand sides solved together */
+#define BLOCK 16 /* right-hand sides solved together */
 
 /* Scratch of one example of up to N words (marginals). */
 typedef struct {
-    double *A, *X, *s, *phi, *rowmax, *tau, *u, *r, *tmp, *diag;
+    double *A, *X, *s, *phi, *rowmax, *tau, *u, *r, *tmp, *diag, *P;
 } Work;
 
 /* log Z and the marginals of one example of n words, written over its weights W (stride ldw, as
@@ -364,25 +402,20 @@ INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Wo
         for (idx j = 0; j < n; j++) { A[c0 * n + j] = 0.0; A[j * n + c0] = 0.0; }
         A[c0 * n + c0] = 1.0;
     }
-    const double logdet = lu(A, n, s);
+    const double logdet = lu(A, n, s, wk->P);
     if (isnan(logdet)) return NAN;
-    /* φ_j >= the column sums of |L||U|: Σ_k |U_kj| (1 + s_k) */
-    for (idx j = 0; j < n; j++) {
-        const double *col = A + j * n;
-        double acc = 0.0;
-        for (idx k = 0; k <= j; k++) acc += fabs(col[k]) * (1.0 + s[k]);
-        phi[j] = acc;
-    }
+    /* φ_j >= the column sums of |L||U|: Σ_k |U_kj| s_k */
+    for (idx j = 0; j < n; j++) phi[j] = abs_dot(A + j * n, s, j + 1);
     for (idx k = 0; k < n; k++) diag[k] = 1.0 / A[k * n + k];
     memset(X, 0, sizeof(double) * n * n);
     for (idx j0 = 0; j0 < n; j0 += BLOCK) {
         const idx R = n - j0 < BLOCK ? n - j0 : BLOCK;
         for (idx r0 = 0; r0 < R; r0++) X[(j0 + r0) * n + j0 + r0] = 1.0;
-        solve_rows(A, diag, n, X + j0 * n, R, j0);
+        solve_rows(A, diag, n, X + j0 * n, R, j0, wk->P);
     }
     if (single_root) {
         memcpy(v, w_in, sizeof(double) * n);
-        solve_rows(A, diag, n, v, 1, 0);
+        solve_rows(A, diag, n, v, 1, 0, wk->P);
         v[c0] = 1.0;
     }
     for (idx m = 0; m < n; m++) diag[m] = X[m * n + m];
@@ -498,16 +531,16 @@ static int check(Args *a, int with_mu) {
 
 VECTOR_CLONES static int run_log_partition(Args *a) {
     const idx n1 = a->n1, N = n1 - 1;
-    double *buf = malloc(sizeof(double) * (n1 * n1 + N * N + 5 * n1));
+    double *buf = malloc(sizeof(double) * (n1 * n1 + N * N + (5 + KB) * n1));
     if (!buf) return -1;
-    double *W = buf, *T = W + n1 * n1, *g = T + N * N, *w = g + n1, *d = w + n1, *tmp = d + n1, *c = tmp + n1;
+    double *W = buf, *T = W + n1 * n1, *g = T + N * N, *w = g + n1, *d = w + n1, *tmp = d + n1, *c = tmp + n1, *P = c + n1;
     const int64_t *lengths = a->lengths.buf;
     const char *theta = a->theta.buf;
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
     for (idx b = 0; b < a->B; b++) {
         const idx n = lengths[b];
         const double shift = load(theta + b * stride, a->f32, n1, n, W, n + 1, tmp, c);
-        const double z = isnan(shift) ? NAN : gth_log_partition(W, n + 1, n, a->single_root, T, g, w, d);
+        const double z = isnan(shift) ? NAN : gth_log_partition(W, n + 1, n, a->single_root, T, g, w, d, P);
         ((uint8_t *)a->ok.buf)[b] = !isnan(z);
         ((double *)a->logz.buf)[b] = z + shift;
     }
@@ -517,7 +550,7 @@ VECTOR_CLONES static int run_log_partition(Args *a) {
 
 VECTOR_CLONES static int run_marginals(Args *a) {
     const idx n1 = a->n1, N = n1 - 1;
-    double *buf = malloc(sizeof(double) * (N * N + n1 * N + 10 * n1));
+    double *buf = malloc(sizeof(double) * (N * N + n1 * N + (10 + KB) * n1));
     if (!buf) return -1;
     Work wk;
     wk.A = buf;
@@ -531,6 +564,7 @@ VECTOR_CLONES static int run_marginals(Args *a) {
     wk.tmp = wk.r + n1;
     wk.diag = wk.tmp + n1;
     double *c = wk.diag + n1, *tmp = c + n1;
+    wk.P = tmp + n1;
     const int64_t *lengths = a->lengths.buf;
     const char *theta = a->theta.buf;
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
