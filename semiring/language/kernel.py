@@ -9,8 +9,9 @@ weights ``exp(terms - item)`` instead of keeping them). A level with a view the 
 take (a clamped gather, positions looked up from data) runs as torch calls, as does every run off
 the CPU, on forward-mode dual tensors, in another semiring, or where the optional extension was
 not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
-kernel applies, a chain's levels run in it one by one rather than as a fused scan (faster: 3.5 vs
-21 ms for chain marginals at B=4, N=256, C=16).
+kernel applies, a chain with a matrix per level runs in it level by level rather than as a fused
+scan (3.5 vs 21 ms for chain marginals at B=4, N=256, C=16); a scan of one matrix for every level
+stays a scan (:meth:`~.execute.Run.scans`).
 """
 
 from __future__ import annotations
