@@ -204,10 +204,10 @@ class Distribution(torch.distributions.Distribution):
         if not value.requires_grad:
             return torch.zeros_like(x)
         (g,) = torch.autograd.grad(value.sum(), x, **grad_options)
-        finite = torch.isfinite(value).reshape(-1, 1)
-        # not `if finite.all()`: that would wait for the device; rows [B, parts]: a broadcast over one
-        # dimension, not part_dims (2x faster on the CPU)
-        return torch.where(finite, g.reshape(len(finite), g[0].numel() if len(g) else 0), 0.0).reshape(g.shape)
+        infinite = ~torch.isfinite(value).reshape(-1, *[1] * self._part_dims)
+        if grad_options.get("create_graph"):
+            return g.masked_fill(infinite, 0.0)
+        return g.masked_fill_(infinite, 0.0)  # (a fresh tensor: in place spares a pass over new memory)
 
     # ------------------------------------------------------------------ queries
 

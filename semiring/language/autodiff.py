@@ -41,9 +41,10 @@ class Tape(torch.autograd.Function):
         elements = ctx.saved_tensors
         run = ctx.run
         if not torch.is_grad_enabled():
+            buffers = run.gradients(ctx.buffers)  # (made outside inference mode: they leave it uncopied)
             with _unrecorded(run):
-                grads = run.backward(ctx.buffers, grad, [e.shape for e in elements])
-            return (None, *[g if g is None else g.clone() for g in grads])
+                grads = run.backward(ctx.buffers, grad, [e.shape for e in elements], grads=buffers)
+            return (None, *[g.clone() if g is not None and g.is_inference() else g for g in grads])
         if TapeGradient.applies(run, elements):
             per_example = TapeGradient.apply(run, ctx.buffers, *elements)
             return (None, *[g * grad.reshape(-1, *[1] * (g.dim() - 1)) for g in per_example])

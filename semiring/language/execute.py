@@ -278,9 +278,18 @@ class Run:
 
     # ------------------------------------------------------------ backward, in place
 
-    def backward(self, buf: dict[str, Tensor], grad: Tensor, shapes, dual: bool = False) -> list[Tensor]:
-        """Gradients of the inputs (in their shapes), level by level in reverse, accumulated in place."""
+    def gradients(self, buf: dict[str, Tensor]) -> "_Grads":
+        """Zero-filled gradient buffers of the charts and of every floating input."""
         grads = _Grads(buf)
+        for name in self.names:
+            if name not in self.plan.looked_up:
+                grads[name]
+        return grads
+
+    def backward(self, buf: dict[str, Tensor], grad: Tensor, shapes, dual: bool = False, grads: "_Grads | None" = None) -> list[Tensor]:
+        """Gradients of the inputs (in their shapes), level by level in reverse, accumulated in place
+        (into ``grads`` where given: :meth:`gradients`)."""
+        grads = _Grads(buf) if grads is None else grads
         grads[GOAL] = self.goal_gradient(buf[GOAL], grad)
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         ends = {scan.stop - 1: scan for scan in self.scans(dual).values()}
