@@ -2,7 +2,7 @@
  * uses them on the CPU where this optional extension is built; without it the torch paths run):
  *
  * - log_partition: log Z by the subtraction-free elimination of structures/_matrix_tree.py
- *   (Grassmann, Taksar & Heyman 1985) one word at a time: the pivot of word k is its margin plus
+ *   (Grassmann, Taksar & Heyman 1985) one word at a time (eight per pass over a row): the pivot of word k is its margin plus
  *   its arcs from the words still kept, never a difference, and eliminating k adds
  *   A_ik A_kj / d_k to the arcs and g_k A_kj / d_k to the margins. Every quantity is a sum of
  *   products of non-negative numbers, so log Z = Σ log d_k (plus the column shifts) is exact to
@@ -11,19 +11,19 @@
  *   into c0), v by substitutions with the same factors (additions only).
  *
  * - marginals: log Z and the marginals by the certified LAPACK-style path of
- *   structures/_certified.py, the same arithmetic and the same a-posteriori error bound: LU of the
- *   Laplacian without row exchanges, X = M^{-1} by forward and back substitution on the identity's
- *   columns, Koo et al.'s formulas (single root: the words rooted at c0 and a rank-one correction).
- *   ok[b] = 0 where the bound does not certify every answer within TOL; the caller computes those
+ *   structures/_certified.py, with the same a-posteriori error bound: LU of the Laplacian without
+ *   row exchanges, X = M^{-1} by forward and back substitution on the identity's columns (eight
+ *   eliminations or substitutions per pass over a row, 16 columns at a time), Koo et al.'s
+ *   formulas (single root: the words rooted at c0 and a rank-one correction). ok[b] = 0 where the bound does not certify every answer within TOL; the caller computes those
  *   examples by the exact path. The bound here uses the computed |L| column sums and row maxima of
  *   |X| instead of their a-priori values (no sign assumption on the computed factors), and adds
  *   the error of the weights themselves (below).
  *
  * Both take theta, a C-contiguous float32 or float64 [B, n1, n1] buffer (theta[b, h, m]: the arc
  * h -> m, row 0 the root; column 0 and the diagonal are ignored), lengths (int64 [B], 1..n1-1
- * words: example b is its leading (lengths[b]+1)^2 block, padding contributes nothing), and write
- * float64 logz [B] and uint8 ok [B]; marginals also writes float64 mu [B, n1, n1] (0 off each
- * example's arcs). Each word's scores are shifted by their max before exp: the weights lie in
+ * words: example b is its leading (lengths[b]+1)^2 block, padding contributes nothing; empty:
+ * every example n1-1 words), and write float64 logz [B] and uint8 ok [B]; marginals also writes
+ * float64 mu [B, n1, n1] (0 off each example's arcs). Each word's scores are shifted by their max before exp: the weights lie in
  * [0, 1], the exp below is within a few ulps, and the shift's rounding is below 708 u relative;
  * an example with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
  */
@@ -516,15 +516,16 @@ static void release(Args *a, int with_mu) {
 /* checks the buffers' sizes and the lengths; 0 with a ValueError set otherwise */
 static int check(Args *a, int with_mu) {
     const idx item = a->f32 ? (idx)sizeof(float) : (idx)sizeof(double);
-    int good = a->n1 >= 2 && a->theta.len == a->B * a->n1 * a->n1 * item && a->lengths.len == a->B * (idx)sizeof(int64_t)
+    int good = a->n1 >= 2 && a->theta.len == a->B * a->n1 * a->n1 * item
+               && (a->lengths.len == 0 || a->lengths.len == a->B * (idx)sizeof(int64_t))
                && a->logz.len == a->B * (idx)sizeof(double) && a->ok.len == a->B
                && (!with_mu || a->mu.len == a->B * a->n1 * a->n1 * (idx)sizeof(double));
-    for (idx b = 0; good && b < a->B; b++) {
+    for (idx b = 0; good && a->lengths.len && b < a->B; b++) {
         const int64_t n = ((const int64_t *)a->lengths.buf)[b];
         good = n >= 1 && n < a->n1;
     }
     if (!good)
-        PyErr_SetString(PyExc_ValueError, "expected theta float32/float64 [B, n1, n1], int64 lengths [B] in 1..n1-1, "
+        PyErr_SetString(PyExc_ValueError, "expected theta float32/float64 [B, n1, n1], int64 lengths [B] in 1..n1-1 (or empty), "
                                           "float64 logz [B], uint8 ok [B] (and float64 mu [B, n1, n1])");
     return good;
 }
@@ -538,7 +539,7 @@ VECTOR_CLONES static int run_log_partition(Args *a) {
     const char *theta = a->theta.buf;
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
     for (idx b = 0; b < a->B; b++) {
-        const idx n = lengths[b];
+        const idx n = a->lengths.len ? lengths[b] : N;
         const double shift = load(theta + b * stride, a->f32, n1, n, W, n + 1, tmp, c);
         const double z = isnan(shift) ? NAN : gth_log_partition(W, n + 1, n, a->single_root, T, g, w, d, P);
         ((uint8_t *)a->ok.buf)[b] = !isnan(z);
@@ -569,7 +570,7 @@ VECTOR_CLONES static int run_marginals(Args *a) {
     const char *theta = a->theta.buf;
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
     for (idx b = 0; b < a->B; b++) {
-        const idx n = lengths[b];
+        const idx n = a->lengths.len ? lengths[b] : N;
         double *W = (double *)a->mu.buf + b * n1 * n1;
         const double shift = load(theta + b * stride, a->f32, n1, n, W, n1, tmp, c);
         int ok = 0;

@@ -234,11 +234,10 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     B, N1, _ = x.shape
     N = N1 - 1
     dev = x.device
-    full = lengths is None or bool((lengths == N).all())
     if fast and _matrix_tree_c is not None and dev.type == "cpu":
         logZ, mu, ok = _in_c(x, lengths, single_root, marginals)
     elif fast:
-        valid, real = (None, None) if full else masks(N, lengths, dev)
+        valid, real = _masks(N, lengths, dev)
         if marginals:
             logW, c = _shifted(x, valid)
             z, mu, ok = cert.marginals(logW.exp_(), _real(real, B, N, dev), single_root)
@@ -258,7 +257,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
         mu = x.new_zeros(B, N1, N1, dtype=torch.float64) if marginals else None
         rows = torch.arange(B, device=dev)
         method = [""] * B
-    valid, real = (None, None) if full else masks(N, lengths, dev)
+    valid, real = _masks(N, lengths, dev)
     sub: dict = {}
     logW, c = _shifted(x[rows], None if valid is None else valid[rows])
     z, m = solve(logW, _real(real, B, N, dev)[rows], single_root, False, sub)
@@ -270,6 +269,13 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     if info is not None:
         info["method"] = method
     return logZ, mu
+
+
+def _masks(N: int, lengths: Tensor | None, device) -> tuple[Tensor | None, Tensor | None]:
+    """:func:`masks`, or ``(None, None)`` where every example has all N words."""
+    if lengths is None or bool((lengths == N).all()):
+        return None, None
+    return masks(N, lengths, device)
 
 
 def _real(real: Tensor | None, B: int, N: int, device) -> Tensor:
@@ -295,21 +301,21 @@ def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool)
     """``(log Z [B], μ [B, N+1, N+1] or None, ok [B])`` on the CPU by the C extension
     (``_matrix_tree_c.c``), every example at its own length: log Z alone by the subtraction-free
     elimination (exact at any scale, no certificate), with the marginals by the certified path of
-    :mod:`structures._certified` (the same arithmetic and bound); not ok where that bound does not
+    :mod:`structures._certified` (the same factorization and bound); not ok where that bound does not
     certify, where a pivot underflows or no tree exists, or for NaN or +inf scores."""
     B, N1, _ = x.shape
     t = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)
     t = t.contiguous()
-    n = torch.full((B,), N1 - 1, dtype=torch.int64) if lengths is None else lengths.to(torch.int64).contiguous()
+    n = b"" if lengths is None else lengths.to(torch.int64).contiguous().numpy()  # empty: every example N words
     logZ = torch.empty(B, dtype=torch.float64)
     ok = torch.empty(B, dtype=torch.uint8)
-    args = (t.numpy(), t.dtype == torch.float32, B, N1, n.numpy(), single_root, logZ.numpy(), ok.numpy())
+    args = (t.numpy(), t.dtype == torch.float32, B, N1, n, single_root, logZ.numpy(), ok.numpy())
     if not marginals:
         _matrix_tree_c.log_partition(*args)
-        return logZ, None, ok.bool()
+        return logZ, None, ok.view(torch.bool)
     mu = torch.empty(B, N1, N1, dtype=torch.float64)
     _matrix_tree_c.marginals(*args, mu.numpy())
-    return logZ, mu, ok.bool()
+    return logZ, mu, ok.view(torch.bool)
 
 
 def _word_weights(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
