@@ -40,6 +40,7 @@
 #include <string.h>
 
 #define MAXDIM 16
+#define MAXREADS 32 /* terms of a rule */
 
 typedef struct {
     int64_t n, nL, R, H, M, accumulate, shared;
@@ -64,7 +65,7 @@ static const int64_t *parse(const int64_t *p, Step *s) {
 }
 
 static int check(const Step *s) {
-    return s->n >= 0 && s->n <= MAXDIM && s->nL >= 0 && s->nL <= s->n && s->R >= 0 && s->H >= 1 && s->M >= 0;
+    return s->n >= 0 && s->n <= MAXDIM && s->nL >= 0 && s->nL <= s->n && s->R >= 0 && s->R <= MAXREADS && s->H >= 1 && s->M >= 0;
 }
 
 /* whether the instance at coords passes every mask */
@@ -301,24 +302,57 @@ static int empty_##SUFFIX(const Step *s) {                                      
 /* steps without K (one instance per item: CTC's, a chain's unary terms), a row of items at a time    \
  * along the last L coordinate (no per-item bookkeeping) */                                          \
 static inline __attribute__((always_inline)) void row_terms_##SUFFIX(const Step *s, T *const *src,         \
-                                                                     const int64_t *rbase, int64_t *coords, \
-                                                                     int64_t inner, T *t) {                 \
+                                                                     const int64_t *at, int64_t *coords,    \
+                                                                     int64_t inner, T *out) {               \
     const int64_t last = s->nL - 1;                                                                         \
-    if (s->R == 0) for (int64_t i = 0; i < inner; i++) t[i] = 0;                                           \
+    if (s->R == 0) for (int64_t i = 0; i < inner; i++) out[i] = 0;                                         \
     for (int64_t r = 0; r < s->R; r++) {                                                                   \
-        const T *restrict x = src[r] + rbase[r];                                                            \
+        const T *restrict x = src[r] + at[r];                                                               \
         const int64_t st = s->reads[r * (2 + s->n) + 2 + last];                                            \
-        if (r == 0) for (int64_t i = 0; i < inner; i++) t[i] = x[i * st];                                  \
-        else if (st == 1) for (int64_t i = 0; i < inner; i++) t[i] += x[i];                                \
-        else for (int64_t i = 0; i < inner; i++) t[i] += x[i * st];                                        \
+        if (r == 0 && st == 1) for (int64_t i = 0; i < inner; i++) out[i] = x[i];                          \
+        else if (r == 0 && st == 0) { const T c = x[0]; for (int64_t i = 0; i < inner; i++) out[i] = c; }  \
+        else if (r == 0) for (int64_t i = 0; i < inner; i++) out[i] = x[i * st];                           \
+        else if (st == 1) for (int64_t i = 0; i < inner; i++) out[i] += x[i];                              \
+        else if (st == 0) { const T c = x[0]; for (int64_t i = 0; i < inner; i++) out[i] += c; }           \
+        else for (int64_t i = 0; i < inner; i++) out[i] += x[i * st];                                      \
     }                                                                                                       \
     if (s->M) {                                                                                             \
         for (int64_t i = 0; i < inner; i++) {                                                              \
             coords[last] = i;                                                                               \
-            if (!holds(s, coords)) t[i] = -INFINITY;                                                       \
+            if (!holds(s, coords)) out[i] = -INFINITY;                                                     \
         }                                                                                                   \
         coords[last] = 0;                                                                                   \
     }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+/* a row of items v[0:inner] into every head, ⊕-ed into what is there where the step accumulates    \
+ * (v padded to the vector width) */                                                                        \
+static inline __attribute__((always_inline)) void write_row_##SUFFIX(const Step *s, T *const *dst,         \
+                                                                     const int64_t *hbase, const T *v,      \
+                                                                     int64_t inner) {                       \
+    const int64_t last = s->nL - 1;                                                                         \
+    for (int64_t h = 0; h < s->H; h++) {                                                                   \
+        T *restrict y = dst[h] + hbase[h];                                                                  \
+        const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                           \
+        if (s->accumulate) logaddexp_row_##SUFFIX(y, hs, v, inner);                                        \
+        else for (int64_t i = 0; i < inner; i++) y[i * hs] = v[i];                                         \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+/* g[0:inner]: the gradient of a row of items, summed over the heads; whether any is nonzero */            \
+static inline __attribute__((always_inline)) int grad_row_##SUFFIX(const Step *s, T *const *gdst,          \
+                                                                   const int64_t *hbase, int64_t inner,     \
+                                                                   T *g) {                                   \
+    const int64_t last = s->nL - 1;                                                                         \
+    for (int64_t i = 0; i < inner; i++) g[i] = 0;                                                          \
+    for (int64_t h = 0; h < s->H; h++) {                                                                   \
+        const T *restrict gy = gdst[h] + hbase[h];                                                          \
+        const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                           \
+        for (int64_t i = 0; i < inner; i++) g[i] += gy[i * hs];                                            \
+    }                                                                                                       \
+    int any = 0;                                                                                            \
+    for (int64_t i = 0; i < inner; i++) any |= g[i] != 0;                                                  \
+    return any;                                                                                             \
 }                                                                                                           \
                                                                                                             \
 static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const Step *s, T *const *src,      \
@@ -332,12 +366,7 @@ static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const St
         if (none) for (int64_t i = 0; i < inner; i++) t[i] = -INFINITY;                                    \
         else row_terms_##SUFFIX(s, src, rbase, coords, inner, t);                                           \
         for (int64_t k = inner; k % LANES_##SUFFIX; k++) t[k] = -INFINITY;                                 \
-        for (int64_t h = 0; h < s->H; h++) {                                                               \
-            T *restrict y = dst[h] + hbase[h];                                                              \
-            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
-            if (s->accumulate) logaddexp_row_##SUFFIX(y, hs, t, inner);                                    \
-            else for (int64_t i = 0; i < inner; i++) y[i * hs] = t[i];                                     \
-        }                                                                                                   \
+        write_row_##SUFFIX(s, dst, hbase, t, inner);                                                        \
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
@@ -351,12 +380,7 @@ static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const S
     memset(coords, 0, sizeof coords);                                                                       \
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
-        for (int64_t i = 0; i < inner; i++) g[i] = 0;                                                      \
-        for (int64_t h = 0; h < s->H; h++) {                                                               \
-            const T *restrict gy = gdst[h] + hbase[h];                                                      \
-            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
-            for (int64_t i = 0; i < inner; i++) g[i] += gy[i * hs];                                        \
-        }                                                                                                   \
+        if (!grad_row_##SUFFIX(s, gdst, hbase, inner, g)) continue;                                         \
         if (s->shared) { /* the weights exp(term - item), where several rules write the items */           \
             row_terms_##SUFFIX(s, src, rbase, coords, inner, t);                                            \
             const T *restrict y = dst[0] + hbase[0];                                                        \
@@ -385,32 +409,17 @@ static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const S
 static inline __attribute__((always_inline)) void rowk_terms_##SUFFIX(const Step *s, T *const *src,        \
                                                                       const int64_t *rbase, int64_t *coords, \
                                                                       int64_t inner, int64_t pitch, T *t) { \
-    const int64_t last = s->nL - 1;                                                                         \
+    int64_t at[MAXREADS];                                                                                   \
     for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                                  \
     int64_t k = 0;                                                                                          \
     do {                                                                                                    \
-        T *restrict out = t + k * pitch;                                                                    \
-        if (s->R == 0) for (int64_t i = 0; i < inner; i++) out[i] = 0;                                     \
         for (int64_t r = 0; r < s->R; r++) {                                                               \
             const int64_t *rd = s->reads + r * (2 + s->n);                                                 \
-            int64_t at = rbase[r];                                                                          \
-            for (int64_t d = s->nL; d < s->n; d++) at += rd[2 + d] * coords[d];                            \
-            const T *restrict x = src[r] + at;                                                              \
-            const int64_t st = rd[2 + last];                                                                \
-            if (r == 0 && st == 1) for (int64_t i = 0; i < inner; i++) out[i] = x[i];                      \
-            else if (r == 0 && st == 0) { const T c = x[0]; for (int64_t i = 0; i < inner; i++) out[i] = c; } \
-            else if (r == 0) for (int64_t i = 0; i < inner; i++) out[i] = x[i * st];                       \
-            else if (st == 1) for (int64_t i = 0; i < inner; i++) out[i] += x[i];                          \
-            else if (st == 0) { const T c = x[0]; for (int64_t i = 0; i < inner; i++) out[i] += c; }       \
-            else for (int64_t i = 0; i < inner; i++) out[i] += x[i * st];                                  \
+            at[r] = rbase[r];                                                                               \
+            for (int64_t d = s->nL; d < s->n; d++) at[r] += rd[2 + d] * coords[d];                         \
         }                                                                                                   \
-        if (s->M) {                                                                                         \
-            for (int64_t i = 0; i < inner; i++) {                                                          \
-                coords[last] = i;                                                                           \
-                if (!holds(s, coords)) out[i] = -INFINITY;                                                 \
-            }                                                                                               \
-            coords[last] = 0;                                                                               \
-        }                                                                                                   \
+        T *restrict out = t + k * pitch;                                                                    \
+        row_terms_##SUFFIX(s, src, at, coords, inner, out);                                                 \
         for (int64_t i = inner; i < pitch; i++) out[i] = -INFINITY;                                        \
         k++;                                                                                                \
     } while (next(coords, s->sizes, s->nL, s->n));                                                          \
@@ -441,12 +450,7 @@ static inline __attribute__((always_inline)) void forward_rowk_##SUFFIX(const St
             for (int64_t k = 0; k < K; k++) sum += exp_##SUFFIX(load_##SUFFIX(t + k * pitch + c) - m);     \
             for (int i = 0; i < LANES_##SUFFIX; i++) v[c + i] = LOG(sum[i]) + m[i];                         \
         }                                                                                                   \
-        for (int64_t h = 0; h < s->H; h++) {                                                               \
-            T *restrict y = dst[h] + hbase[h];                                                              \
-            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
-            if (s->accumulate) logaddexp_row_##SUFFIX(y, hs, v, inner);                                    \
-            else for (int64_t i = 0; i < inner; i++) y[i * hs] = v[i];                                     \
-        }                                                                                                   \
+        write_row_##SUFFIX(s, dst, hbase, v, inner);                                                        \
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
@@ -460,15 +464,8 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
     memset(coords, 0, sizeof coords);                                                                       \
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
-        int any = 0;                                                                                        \
-        for (int64_t i = 0; i < pitch; i++) g[i] = 0;                                                      \
-        for (int64_t h = 0; h < s->H; h++) {                                                               \
-            const T *restrict gy = gdst[h] + hbase[h];                                                      \
-            const int64_t hs = s->heads[h * (2 + s->nL) + 2 + last];                                       \
-            for (int64_t i = 0; i < inner; i++) g[i] += gy[i * hs];                                        \
-        }                                                                                                   \
-        for (int64_t i = 0; i < inner; i++) any |= g[i] != 0;                                              \
-        if (!any) continue;                                                                                 \
+        for (int64_t i = inner; i < pitch; i++) g[i] = 0;                                                  \
+        if (!grad_row_##SUFFIX(s, gdst, hbase, inner, g)) continue;                                         \
         rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                        \
         const T *restrict y = dst[0] + hbase[0];                                                            \
         const int64_t hs = s->heads[2 + last];                                                              \
@@ -665,14 +662,7 @@ static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(con
     memset(coords, 0, sizeof coords);                                                                       \
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
-        int any = 0;                                                                                        \
-        for (int64_t i = 0; i < inner; i++) {                                                              \
-            T gi = 0;                                                                                       \
-            for (int64_t h = 0; h < s->H; h++) gi += gdst[h][hbase[h] + i * s->heads[h * (2 + s->nL) + 2 + last]]; \
-            g[i] = gi;                                                                                      \
-            any |= gi != 0;                                                                                 \
-        }                                                                                                   \
-        if (!any) continue;                                                                                 \
+        if (!grad_row_##SUFFIX(s, gdst, hbase, inner, g)) continue;                                         \
         rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                        \
         row_best_##SUFFIX(t, K, pitch, best, kb);                                                           \
         int64_t kcoords[MAXDIM];                                                                            \

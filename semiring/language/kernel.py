@@ -32,7 +32,7 @@ try:  # built at install time where a C compiler is (setup.py)
 except ImportError:  # pragma: no cover - the torch path runs instead
     _kernel = None
 
-_MAX_DIMS = 16  # coordinates of a step (_kernel.c's MAXDIM)
+_MAX_DIMS, _MAX_READS = 16, 32  # coordinates and terms of a step (_kernel.c's MAXDIM, MAXREADS)
 _enabled = True
 
 
@@ -148,7 +148,7 @@ def _pack(step: Step, key) -> list[int] | None:
     """One step's part of a level descriptor (``_kernel.c``), or None where the kernel cannot run it."""
     views = [v for v in step.reads if v is not None] + step.heads
     n, nL = len(step.sizes), step.form.n_free
-    if n > _MAX_DIMS or any(v.gather or v.lookups for v in views):
+    if n > _MAX_DIMS or len(views) - len(step.heads) > _MAX_READS or any(v.gather or v.lookups for v in views):
         return None
     out = [n, nL, len(views) - len(step.heads), len(step.heads), len(step.masks), int(step.accumulate), int(step.shared), *step.sizes]
     for v in step.reads:
