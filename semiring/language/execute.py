@@ -40,6 +40,7 @@ class Run:
         self.native = native
         self.lead = semiring.extra
         self.kept: dict[int, tuple] = {}  # first level of a scan -> (its output, its leaves); id(step) -> what its vjp reuses
+        self.found: dict[int, Tensor] = {}  # id(view) -> its positions looked up from data (the inputs' indices are fixed)
 
     # ------------------------------------------------------------ reading and writing
 
@@ -193,11 +194,18 @@ class Run:
         return src.expand(*src.shape[:-2], batch, src.shape[-1]).gather(-1, index).reshape(*src.shape[:-2], batch, *v.sizes)
 
     def looked_up(self, buf: dict[str, Tensor], v: View, device) -> Tensor:
-        """``[B, *v.sizes]``: the positions of a view with indices read from data, clamped to the buffer."""
+        """``[B, *v.sizes]``: the positions of a view with indices read from data, clamped to the buffer
+        (found once per run by the in-place passes: the forward's are the backward's; anew where
+        autograd records, which may not save what inference mode made)."""
+        if id(v) in self.found and not torch.is_grad_enabled():
+            return self.found[id(v)]
         pos = self.positions(v.offset, v.strides, v.sizes, device)
         for stride, lv in v.lookups:
             pos = pos + stride * self.view(buf[lv.source], lv)
-        return pos.clamp(0, v.bound - 1)
+        pos = pos.clamp_(0, v.bound - 1)
+        if not torch.is_grad_enabled():
+            self.found[id(v)] = pos
+        return pos
 
     def buffers(self, like: Tensor, arena: bool) -> dict[str, Tensor]:
         """The charts' buffers, zero-filled; ``arena``: in one buffer, the arena (:mod:`.fuse`),
