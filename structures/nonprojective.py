@@ -98,16 +98,18 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
         """``[B]``: log Z by the matrix-tree theorem; its gradient is the exact marginals (twice
         differentiable), computed with log Z where θ requires grad (the backward will want them: one
         factorization for both), else only if the backward asks (log Z alone needs no inverse)."""
-        full = self._len(lengths, theta.shape[0])
         if theta.requires_grad and torch.is_grad_enabled():
             res = self._exact_result(theta, lengths)
-            return LogPartition.apply(theta, res[0], lambda: (*res, full), self.single_root)
+            return LogPartition.apply(theta, res[0], lambda: (*res, self._len(lengths, theta.shape[0])), self.single_root)
         key = self._memo_key(theta, lengths) if self._cache else None
         if key in self._cache:
             log_z = self._cache[key][0]
         else:
             log_z = log_partition_and_marginals(theta, lengths, self.single_root, marginals=False)[0]
-        return LogPartition.apply(theta, log_z, lambda: (*self._exact_result(theta, lengths), full), self.single_root)
+        if not theta.requires_grad:  # no backward to prepare
+            return log_z.to(theta.dtype)
+        return LogPartition.apply(theta, log_z, lambda: (*self._exact_result(theta, lengths), self._len(lengths, theta.shape[0])),
+                                  self.single_root)
 
     @algorithm(RealSemiring)
     def _partition(self, semiring: sr.Semiring, theta: Tensor, lengths: Tensor | None) -> Tensor:
