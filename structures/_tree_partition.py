@@ -17,7 +17,7 @@ the same constant (every word has exactly one head), so the arc weights ``W = ex
    marginal are within ``TOL = 1e-9`` (absolute) of the exact values. LU of an M-matrix has
    backward error ``|E| <= γ |L||U|``; the bound propagates it through ``X`` with the column sums
    of ``|L||U|`` and the row maxima and absorption times of ``X``. On the CPU, where the optional
-   extension is built, the whole batch is one C call (``_matrix_tree_c.c``: the same arithmetic
+   extension is built, the whole batch is one C call (``_matrix_tree_c.c``: the same factorization
    and bound, each example at its own length); elsewhere torch and LAPACK
    (:mod:`structures._certified`). ``log Z`` alone (``log_partition`` of potentials that do not
    require grad; otherwise the backward will want the marginals, computed with it) needs no
