@@ -5,8 +5,8 @@ peers' arithmetic (accuracy at large score scales).
 
 Speed: log-partition and marginals at B=16, n = 8, 16, 64 and 128 words, multi- and single-root,
 round-robin medians (``benchmarks.common``), the process pinned to one core. Ours computes in
-float64 from float32 inputs (the certified LAPACK path where its a-posteriori bound allows, the
-subtraction-free path elsewhere); torch-struct in float32; SynJax (``SpanningTreeCRF``, jitted,
+float64 from float32 inputs (the certified path where its a-posteriori bound allows, in C where
+the optional extension is built, else torch and LAPACK; the subtraction-free path elsewhere); torch-struct in float32; SynJax (``SpanningTreeCRF``, jitted,
 float32, default settings) in a worker process with its own venv on the same core
 (``benchmarks.synjax_peer``; its column is skipped without the venv), its first call (jit
 compile) reported apart. The last column times our exact path alone (``fast=False``, marginals),
