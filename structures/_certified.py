@@ -12,6 +12,10 @@ LU of a column diagonally dominant M-matrix without row exchanges has backward e
 ``|E| <= γ |L||U|`` with ``γ = 4 n u`` (Higham, Thm. 9.3 and 8.5), and every solve with the factors
 is the exact solve of such an ``M + E``. ``φ`` (:func:`_phi`) bounds the column sums of
 ``|L||U|``; the inverse ``X`` is entrywise non-negative.
+
+On the CPU, where the optional extension is built, the same path runs in C instead
+(``_matrix_tree_c.c``, one call per batch); this module is the path elsewhere (other devices, no
+C compiler at install time).
 """
 
 from __future__ import annotations
