@@ -551,7 +551,7 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
     value: dict[str, Expr] = {}  # variable -> its base plus its coordinate
 
     def to_expr(a: Affine) -> Expr:
-        out = Expr({}, np.full(taus.shape, a.const, dtype=np.int64) + coeff(a, TAU) * taus)
+        out = Expr({}, coeff(a, TAU) * taus + a.const)  # (a new int64 vector over the levels)
         for v, k in a.coeffs:
             if v != TAU:
                 out = out.add(value[v], k)
