@@ -1,6 +1,7 @@
 """structures.experiments.babi: data, models, training and the quick end-to-end run (bAbI 1K, Kim et al. 2017 §4.3)."""
 
 import csv
+import math
 
 import pytest
 import torch
@@ -23,6 +24,69 @@ def test_load_task_splits_off_a_tenth_for_validation():
     task = babi.load_task(2, DATA)
     assert (len(task.train), len(task.valid), len(task.test)) == (900, 100, 1000)
     assert task.train.stories.shape[1] == 25 and (task.train.lengths <= 25).all() and (task.train.lengths >= 2).all()
+
+
+@needs_data
+def test_validation_is_the_last_tenth_of_the_training_file():
+    """As in Sukhbaatar et al.'s and Kim et al.'s code. A random tenth shares stories with the
+    training questions: task 17 asks 8 questions of each 2-fact story, 373 of its 1,000 training
+    questions repeat an earlier one word for word, and a random split puts dozens of copies of
+    training questions into validation."""
+    examples = read_examples(task_files(DATA, 17)[0], 25)
+    task = babi.load_task(17, DATA)
+    assert task.valid.answers.tolist() == [task.vocab[ex.answer] for ex in examples[900:]]
+    assert task.train.answers.tolist() == [task.vocab[ex.answer] for ex in examples[:900]]
+
+    def copies(split):
+        key = lambda s, q: (s.numpy().tobytes(), q.numpy().tobytes())  # noqa: E731
+        train = {key(s, q) for s, q in zip(split.train.stories, split.train.queries)}
+        return sum(key(s, q) in train for s, q in zip(split.valid.stories, split.valid.queries))
+
+    assert copies(task) <= 4  # only the story cut by the split (questions 897-904) can repeat
+    assert copies(babi.load_task(17, DATA, split="random")) > 20
+
+
+def test_random_noise_spreads_the_temporal_indices_of_each_story():
+    """Sukhbaatar et al.'s random noise: each story's n facts get n distinct temporal indices, oldest
+    largest, below n + ceil(n/10), those past the memory size capped to it (as the reference code
+    does); without noise they are n-1, ..., 0."""
+    torch.manual_seed(0)
+    lengths = torch.tensor([1, 5, 20, 25, 25])
+    plain = (lengths[:, None] - 1 - torch.arange(25)).clamp_min(0)
+    assert torch.equal(babi.noisy_recency(lengths, 25, 0.0), plain)
+    moved = False
+    for _ in range(50):
+        recency = babi.noisy_recency(lengths, 25, 0.1)
+        for n, row in zip(lengths.tolist(), recency):
+            facts = row[:n]
+            assert ((facts[:-1] > facts[1:]) | (facts[:-1] == 24)).all() and facts.min() >= 0
+            assert facts.max() <= min(n + math.ceil(0.1 * n), 25) - 1 and (row[n:] == 0).all()
+        moved |= not torch.equal(recency, plain)
+    assert moved
+
+
+@needs_data
+def test_random_noise_is_used_in_training_only(task2):
+    torch.manual_seed(0)
+    model = babi.build_model("memn2n", task2, random_noise=0.5)
+    batch = task2.test.select(slice(0, 16))
+    model.eval()
+    assert torch.equal(model(batch)[0], model(batch)[0])
+    model.train()
+    torch.manual_seed(1)
+    noisy = model(batch)[0]
+    torch.manual_seed(2)
+    assert not torch.allclose(noisy, model(batch)[0])
+
+
+@needs_data
+def test_select_epoch_keeps_the_best_validation_epoch(task2):
+    config = babi.RunConfig(epochs=4, linear_start=1, select_epoch=True)
+    model, result = babi.train_run("memn2n", task2, 0, config)
+    assert 2 <= result["epoch"] <= 4  # after the linear start
+    assert babi.evaluate(model, task2.valid)["answer"] == result["valid_answer"]
+    last = babi.train_run("memn2n", task2, 0, babi.RunConfig(epochs=result["epoch"], linear_start=1))[1]
+    assert last["valid_answer"] == result["valid_answer"] and last["test_answer"] == result["test_answer"]
 
 
 @needs_data

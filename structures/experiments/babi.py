@@ -3,8 +3,10 @@
 Three models over the same fact and query representations (appendix A.4): MemN2N (Sukhbaatar et
 al. 2015: position encoding, temporal encoding, adjacent weight tying, K greedy softmax hops), and
 the unary and binary hop chain CRFs (:class:`structures.nn.HopAttention`). Each is trained per task
-on the 1K training set (10% held out for validation) with SGD, learning rate 0.01 halved every 25
-epochs for 100 epochs, gradients renormalized above norm 40, and *linear start*: for the first 20
+on the 1K training set (its last 10% held out for validation, as in Sukhbaatar et al.'s and Kim et
+al.'s code) with SGD, learning rate 0.01 halved every 25 epochs for 100 epochs, gradients
+renormalized above norm 40, optionally Sukhbaatar et al.'s *random noise* on the temporal indices
+(``--random-noise 0.1``), and *linear start*: for the first 20
 epochs MemN2N's attention has no softmax and the CRFs take their hops greedily and linearly from
 the raw scores (A.4's "no log_softmax on the query scores" would change nothing in a chain CRF;
 :class:`structures.nn.HopAttention`). The binary CRF's link between hops is ``o^k_i · x^{k+1}_j``
@@ -18,6 +20,7 @@ decoded hop chain) on the test set.
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
 import os
@@ -80,9 +83,11 @@ class Task:
 
 
 def load_task(task: int, data_dir: Path | None = None, memory_size: int = 25, valid_fraction: float = 0.1,
-              seed: int = 0, limit: int | None = None) -> Task:
-    """Read the 1K task ``task`` and split off ``valid_fraction`` of its training questions (a
-    seeded shuffle). ``limit`` keeps the first ``limit`` training and test questions (quick runs).
+              seed: int = 0, limit: int | None = None, split: str = "last") -> Task:
+    """Read the 1K task ``task`` and split off ``valid_fraction`` of its training questions: a
+    seeded shuffle (``split="random"``) or the last ones (``"last"``, as Sukhbaatar et al.'s
+    reference code, so that few stories have questions on both sides of the split).
+    ``limit`` keeps the first ``limit`` training and test questions (quick runs).
     Memories hold the last ``memory_size`` statements; the tensors are padded only to the longest
     memory of the task (train and test alike), which makes the short-story tasks several times faster."""
     train_path, test_path = task_files(data_dir or default_data_dir(), task)
@@ -92,8 +97,13 @@ def load_task(task: int, data_dir: Path | None = None, memory_size: int = 25, va
     if limit is not None:
         train, test = train[:limit], test[:limit]
     vocab = build_vocab(train, test)
-    order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
     n_valid = max(1, int(round(valid_fraction * len(train))))
+    if split == "random":
+        order = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))
+    elif split == "last":
+        order = torch.arange(len(train)).roll(n_valid)  # the last n_valid questions first
+    else:
+        raise ValueError(f"split: expected 'random' or 'last', got {split!r}")
     longest = max(len(ex.memory) for ex in train + test)
     everything = to_batch(train, vocab, longest)
     test_batch = to_batch(test, vocab, longest)
@@ -116,6 +126,23 @@ def position_encoding(words: Tensor, dim: int) -> Tensor:
     return weights * (words > 0).unsqueeze(-1)
 
 
+def noisy_recency(lengths: Tensor, memory_size: int, fraction: float) -> Tensor:
+    """Sukhbaatar et al.'s *random noise* (§4.1, reference code ``randomize_time``): ``[B, M]``
+    temporal indices (0 = newest) as if up to ``ceil(fraction · n)`` empty memories (uniformly
+    many) had been inserted at random among an example's ``n`` facts: a sorted random ``n``-subset
+    of ``0 .. n + blanks - 1``, capped at ``memory_size - 1``. Padded slots get index 0."""
+    B = lengths.shape[0]
+    blanks = (torch.rand(B) * (torch.ceil(fraction * lengths) + 1)).floor().long()
+    total = lengths + blanks
+    keys = torch.rand(B, int(total.max())).masked_fill(torch.arange(int(total.max())) >= total[:, None], 2.0)
+    n = int(lengths.max())
+    chosen = keys.argsort(-1)[:, :n]  # n distinct indices below total (n <= total)
+    chosen = chosen.masked_fill(torch.arange(n) >= lengths[:, None], 0).sort(-1, descending=True).values
+    slot = torch.arange(memory_size)
+    chosen = nn.functional.pad(chosen, (0, max(0, memory_size - n)))[:, :memory_size]  # slot m (oldest first) gets the m-th largest
+    return chosen.where(slot < lengths[:, None], 0).clamp_max(memory_size - 1)
+
+
 class BabiModel(nn.Module):
     """MemN2N or a hop chain CRF over a story (appendix A.4), ``dim``-dimensional embeddings.
 
@@ -123,14 +150,16 @@ class BabiModel(nn.Module):
     ``k`` reads facts through ``E_{k-1}`` (``x^k``) and ``E_k`` (``o^k``), the question through
     ``E_0`` and the answer scores are ``(final query) E_K^T``. MemN2N's final query is
     ``q^K + c^K``; the CRFs' ``q^K + c`` with ``q^{k+1} = Q q^k`` (``Q`` initialized to the identity).
-    ``link`` is the binary CRF's link term (:class:`~structures.nn.HopAttention`).
+    ``link`` is the binary CRF's link term (:class:`~structures.nn.HopAttention`); ``random_noise``
+    the fraction of :func:`noisy_recency` used while training (0: none).
     """
 
-    def __init__(self, kind: str, vocab_size: int, hops: int, dim: int = 20, memory_size: int = 25, link: str = "outputs"):
+    def __init__(self, kind: str, vocab_size: int, hops: int, dim: int = 20, memory_size: int = 25, link: str = "outputs",
+                 random_noise: float = 0.0):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"kind: expected one of {MODELS}, got {kind!r}")
-        self.kind, self.hops, self.dim = kind, hops, dim
+        self.kind, self.hops, self.dim, self.random_noise = kind, hops, dim, random_noise
         self.embeddings = nn.ModuleList(nn.Embedding(vocab_size + 1, dim, padding_idx=0) for _ in range(hops + 1))
         self.temporal = nn.Parameter(0.1 * torch.randn(hops + 1, memory_size, dim))
         with torch.no_grad():
@@ -160,7 +189,10 @@ class BabiModel(nn.Module):
     def forward(self, batch: Batch) -> tuple[Tensor, AttentionOutput]:
         """Answer scores ``[N, V+1]`` (index 0, padding, included) and the attention output."""
         B, M, _ = batch.stories.shape
-        recency = (batch.lengths.unsqueeze(-1) - 1 - torch.arange(M)).clamp_min(0)  # [B, M]: 0 = newest fact
+        if self.training and self.random_noise > 0:
+            recency = noisy_recency(batch.lengths, M, self.random_noise)
+        else:
+            recency = (batch.lengths.unsqueeze(-1) - 1 - torch.arange(M)).clamp_min(0)  # [B, M]: 0 = newest fact
         weights = position_encoding(batch.stories, self.dim)
         memories = torch.stack([self.encode(batch.stories, k, weights) + self.temporal[k][recency] for k in range(self.hops + 1)], 1)
         inputs, outputs = memories[:, :-1], memories[:, 1:]  # [B, K, M, dim]
@@ -181,10 +213,13 @@ class BabiModel(nn.Module):
         return out.attention.argmax(-1) if out.distribution is None else out.distribution.decode()
 
 
-def build_model(kind: str, task: Task, hops: int | None = None, dim: int = 20, link: str = "outputs") -> BabiModel:
+def build_model(kind: str, task: Task, hops: int | None = None, dim: int = 20, link: str = "outputs",
+                random_noise: float = 0.0) -> BabiModel:
     """A fresh :class:`BabiModel` for ``task`` (``hops`` defaults to the paper's K; ``link``: the
-    binary CRF's link term, :class:`~structures.nn.HopAttention`)."""
-    return BabiModel(kind, len(task.vocab), hops or hops_for(task.number), dim, task.train.stories.shape[1], link)
+    binary CRF's link term, :class:`~structures.nn.HopAttention`; ``random_noise``: the fraction
+    of :func:`noisy_recency`)."""
+    return BabiModel(kind, len(task.vocab), hops or hops_for(task.number), dim, task.train.stories.shape[1], link,
+                     random_noise)
 
 
 def train_epoch(model: BabiModel, data: Batch, optimizer: torch.optim.Optimizer, batch_size: int = 32,
@@ -236,25 +271,38 @@ class RunConfig:
     batch_size: int = 32
     dim: int = 20
     link: str = "outputs"
+    random_noise: float = 0.0
+    select_epoch: bool = False
 
 
 def train_run(kind: str, task: Task, seed: int, config: RunConfig) -> tuple[BabiModel, dict]:
     """Train one model from seed ``seed``; return it and its validation/test metrics, wall time
-    and the 1-minute load average at its end (the machine is shared)."""
+    and the 1-minute load average at its end (the machine is shared). With ``config.select_epoch``
+    the model returned is the one after the epoch with the best validation answer accuracy (the
+    first of equals; epochs after the linear start only), as Kim et al.'s code keeps its best
+    held-out model; ``epoch`` (1-based) says which."""
     start = time.perf_counter()
     torch.manual_seed(seed)
-    model = build_model(kind, task, dim=config.dim, link=config.link)
+    model = build_model(kind, task, dim=config.dim, link=config.link, random_noise=config.random_noise)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(seed)
+    best: tuple[float, int, dict] | None = None  # (valid answer %, epoch, state) with select_epoch
     for epoch in range(config.epochs):
         model.linear = epoch < config.linear_start
         for group in optimizer.param_groups:
             group["lr"] = config.lr / 2 ** (epoch // config.decay_every)
         train_loss = train_epoch(model, task.train, optimizer, config.batch_size, generator=generator)
+        if config.select_epoch and not model.linear:
+            score = evaluate(model, task.valid)["answer"]
+            if best is None or score > best[0]:
+                best = (score, epoch + 1, copy.deepcopy(model.state_dict()))
     model.linear = False
+    if best is not None:
+        model.load_state_dict(best[2])
     valid, test = evaluate(model, task.valid), evaluate(model, task.test)
     result = {"seed": seed, "train_loss": train_loss, "valid_answer": valid["answer"], "valid_loss": valid["loss"],
-              "test_answer": test["answer"], "test_fact": test["fact"], "seconds": time.perf_counter() - start,
+              "test_answer": test["answer"], "test_fact": test["fact"], "epoch": best[1] if best else config.epochs,
+              "seconds": time.perf_counter() - start,
               "load": os.getloadavg()[0]}
     if not math.isfinite(train_loss):
         result["valid_answer"] = -1.0  # a diverged run is never the best one
@@ -405,6 +453,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--decay-every", type=int, default=25, help="epochs between halvings of the learning rate")
     parser.add_argument("--link", choices=("outputs", "inputs"), default="outputs",
                         help="the binary CRF's link between hops: o^k_i . x^{k+1}_j (default) or A.4's printed x^k_i . x^{k+1}_j")
+    parser.add_argument("--split", choices=("last", "random"), default="last",
+                        help="validation questions: the training file's last 10%% (default; Sukhbaatar et al.'s and Kim et al.'s code) "
+                             "or a seeded random 10%% (before 2026-11-26; shares stories, even identical questions, with training)")
+    parser.add_argument("--random-noise", type=float, default=0.0, metavar="FRACTION",
+                        help="Sukhbaatar et al.'s random noise while training: up to FRACTION x n empty memories among n (reference: 0.1)")
+    parser.add_argument("--select-epoch", action="store_true",
+                        help="keep each run's model after its best epoch on validation (Kim et al.'s code), not the last")
     parser.add_argument("--runs", type=int, default=1, help="initializations per task and model; the best on validation is reported")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="one task, 200 questions, 3 epochs (seconds)")
@@ -419,12 +474,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     limit = None
     if args.quick:
         args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
-    config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every, link=args.link)
+    config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every, link=args.link,
+                       random_noise=args.random_noise, select_epoch=args.select_epoch)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m structures.experiments.babi " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     plot_kind = "binary" if "binary" in args.models else args.models[0]
     plot_task = args.plot_task if args.plot_task in args.tasks else args.tasks[0]
-    tasks = {t: load_task(t, args.data_dir, seed=args.seed, limit=limit) for t in args.tasks}
+    tasks = {t: load_task(t, args.data_dir, seed=args.seed, limit=limit, split=args.split) for t in args.tasks}
     runs: dict[tuple[int, str], list[dict]] = {}
     run_rows, plot_best = [], None
     bar = tqdm(total=len(args.tasks) * len(args.models) * args.runs, desc="babi")
