@@ -4,6 +4,7 @@ and the command on a slice of UD."""
 import pytest
 import torch
 
+from brute import dependency_trees
 from structures.experiments import default_data_dir, induce
 from structures.experiments.attachment import TreeStatistics, depths, is_tree
 from structures.experiments.ud import Sentence
@@ -38,7 +39,7 @@ def test_masked_scores_come_from_the_copy_with_that_word_masked():
     model = induce.ClozeModel(len(index), dim=8, hidden=8).eval()
     words, lengths = induce.encode(SENTENCES, index, bucket=8)
     with torch.no_grad():
-        scores = induce.masked_arc_scores(model, words, lengths)
+        scores = model.masked_arc_scores(words, lengths)
         for b in range(3):
             for m in range(1, int(lengths[b]) + 1):
                 copy = words[b:b + 1].clone()
@@ -147,9 +148,157 @@ def test_head_mixture_loss_is_the_mixture_of_word_given_head_over_the_marginals(
                     side = model.predict_next_right
                 elif adjacency and h == m and h > 0:
                     side = model.predict_next_left
-                p += out.attention[b, h, m + 1] * side(e).softmax(-1)[words[b, m]]
+                p += out.marginals[b, h, m + 1] * side(e).softmax(-1)[words[b, m]]
             terms.append(-torch.log(p))
         assert loss.item() == pytest.approx(torch.stack(terms).mean().item(), rel=1e-5)
     trees = induce.induced_trees(model, SENTENCES, index)
     for s, heads in zip(SENTENCES, trees["masked"]):
         assert len(heads) == s.n and is_tree(heads) and heads.count(0) == 1
+
+
+def tagged(words, tags, heads) -> Sentence:
+    return Sentence(None, tuple(words), tuple(tags), tuple(heads), ("dep",) * len(words))
+
+
+TAGGED = [tagged("the cat sat".split(), ["DET", "NOUN", "VERB"], [2, 3, 0]),
+          tagged("a dog saw the cat".split(), ["DET", "NOUN", "VERB", "DET", "NOUN"], [2, 3, 0, 5, 3])]
+
+
+def brute_autoencoder_loss(theta, given, lengths, chosen) -> torch.Tensor:
+    """``-sum_b log sum_t p(t) prod_{m chosen} P(x_m | x_{t(m)}) / #chosen``, single-root trees
+    enumerated; ``given [B, N+1, N]`` the log word-given-head probabilities."""
+    total = 0.0
+    for b in range(theta.shape[0]):
+        n = int(lengths[b])
+        scores, joint = [], []
+        for arcs in dependency_trees(n):
+            if sum(h == 0 for h, _ in arcs) != 1:
+                continue
+            score = sum(theta[b, h, d] for h, d in arcs)
+            scores.append(score)
+            joint.append(score + sum(given[b, h, d - 1] for h, d in arcs if chosen[b, d - 1]))
+        total = total - (torch.stack(joint).logsumexp(0) - torch.stack(scores).logsumexp(0))
+    return total / chosen.sum()
+
+
+@pytest.mark.parametrize("tags", [False, True])
+@pytest.mark.parametrize("each", [False, True])
+def test_tree_autoencoder_loss_is_the_expected_reconstruction_over_every_tree(tags, each):
+    """``log Z(theta + R) - log Z(theta)`` is ``log E_{t ~ p(t | x)} prod_m P(x_m | x_head(m))``
+    (Cai et al. 2017), checked by enumerating the single-root trees; ``each``: the arc scores of
+    word m come from the sentence with word m (and its tag) masked."""
+    torch.manual_seed(0)
+    index = induce.word_index(TAGGED, min_count=1)
+    tag_index = induce.word_index(TAGGED, min_count=1, field="upos") if tags else None
+    model = induce.ClozeModel(len(index), dim=8, hidden=8, objective="tree_autoencoder", adjacency=True,
+                              tags=len(tag_index) if tags else 0).double()
+    words, lengths = induce.encode(TAGGED, index, bucket=8)
+    tag_ids = induce.encode(TAGGED, tag_index, bucket=8, field="upos")[0] if tags else None
+    if each:
+        masked, chosen = words, (words > induce.MASK) & (torch.arange(8) < lengths.unsqueeze(-1))
+    else:
+        masked, chosen = induce.mask_words(words, lengths, 0.5, torch.Generator().manual_seed(1))
+    loss, prior = model.loss(words, masked, lengths, chosen, tag_ids, each=each)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with torch.no_grad():
+        masked_tags = None if tag_ids is None else tag_ids.masked_fill(masked == induce.MASK, induce.MASK)
+        if each:
+            theta = model.masked_arc_scores(words, lengths, tag_ids)
+        else:
+            theta = model(masked, lengths, masked_tags)[1].distribution.log_potentials
+        assert torch.allclose(prior.log_potentials, theta)
+        heads = model.embed(masked) if not tags else model.embed_tags(masked_tags)
+        heads = torch.cat([model.attention.root_embedding.expand(2, 1, -1), heads], 1)
+        given = model.given_head(heads, tag_ids if tags else words)
+        expected = brute_autoencoder_loss(theta, given, lengths, chosen)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+
+
+def test_given_head_picks_the_side_and_adjacency_outputs_and_predicts_tags():
+    torch.manual_seed(0)
+    index = induce.word_index(TAGGED, min_count=1)
+    tag_index = induce.word_index(TAGGED, min_count=1, field="upos")
+    assert set(tag_index) == {"<pad>", "<unk>", "<mask>", "det", "noun", "verb"}
+    model = induce.ClozeModel(len(index), dim=8, hidden=8, objective="tree_autoencoder", adjacency=True, tags=len(tag_index))
+    tags = induce.encode(TAGGED, tag_index, bucket=8, field="upos")[0]
+    heads = torch.randn(2, 9, 8)
+    given = model.given_head(heads, tags)
+    assert given.shape == (2, 9, 8)
+    outputs = {"left": model.predict, "right": model.predict_right, "next_left": model.predict_next_left,
+               "next_right": model.predict_next_right}
+    for m in range(1, 4):
+        for h in range(9):
+            if h == m:
+                continue
+            name = "next_left" if h == m - 1 and h > 0 else "next_right" if h == m + 1 else "left" if h < m else "right"
+            expected = outputs[name](heads[1, h]).log_softmax(-1)[tags[1, m - 1]]
+            assert given[1, h, m - 1].item() == pytest.approx(expected.item(), rel=1e-5)
+    with pytest.raises(ValueError, match="tags"):
+        induce.ClozeModel(len(index), tags=5, objective="parent")
+
+
+@pytest.mark.skipif(not (DATA / "ud").exists(), reason="shared UD data not available")
+def test_quick_command_tree_autoencoder_on_tags_each_word_masked_without_punctuation(tmp_path):
+    rows = induce.main(["--quick", "--max-sentences", "20", "--objective", "tree_autoencoder", "--values", "upos",
+                        "--targets", "each", "--encoder", "bilstm_distance", "--drop-punct", "--out", str(tmp_path)])
+    assert [r["trees"] for r in rows] == ["gold", "masked", "unmasked", "posterior", "right-branching", "left-branching"]
+    assert all(r["values"] == "upos" and r["targets"] == "each" for r in rows)
+    assert rows[0]["directed"] == 1.0  # scored on the sentences with their punctuation
+    assert (tmp_path / "en_bilinear_tree_autoencoder_each_upos_bilstm_distance_nopunct.csv").stat().st_size > 0
+
+
+def test_the_distance_encoder_is_a_generative_model_whose_posterior_reads_every_word():
+    """``encoder="distance"``: the arc scores see only ``h - m``, so the loss is the negative
+    log-likelihood ``-log sum_t p(t) prod_m P(t_m | t_head(m))`` of a generative model; its
+    posterior adds every word's ``log P(t_m | t_h)`` to the scores."""
+    torch.manual_seed(0)
+    index = induce.word_index(TAGGED, min_count=1)
+    tag_index = induce.word_index(TAGGED, min_count=1, field="upos")
+    model = induce.ClozeModel(len(index), dim=8, hidden=8, objective="tree_autoencoder", tags=len(tag_index),
+                              encoder="distance").double()
+    with torch.no_grad():
+        model.distance.copy_(torch.randn(2 * induce.DISTANCE + 1))
+    words, lengths = induce.encode(TAGGED, index, bucket=8)
+    tags = induce.encode(TAGGED, tag_index, bucket=8, field="upos")[0]
+    theta = model.tree_scores(words, lengths, tags)
+    for h, m in [(1, 3), (3, 1), (2, 3), (0, 2)]:
+        assert theta[1, h, m].item() == (0.0 if h == 0 else model.distance[h - m + induce.DISTANCE].item())
+    assert torch.equal(theta[0], theta[1]) and torch.equal(theta, model.tree_scores(words.flip(1), lengths, tags))
+    chosen = (tags > induce.MASK) & (torch.arange(8) < lengths.unsqueeze(-1))
+    loss, _ = model.loss(words, words, lengths, chosen, tags)
+    with torch.no_grad():
+        given = model.given_head(model.head_values(words, tags), tags)
+        assert loss.item() == pytest.approx(brute_autoencoder_loss(theta, given, lengths, chosen).item(), rel=1e-9)
+        posterior = model.posterior(words, lengths, tags)
+        gain = torch.nn.functional.pad(given * chosen.unsqueeze(1), (1, 0))
+        assert torch.allclose(posterior.log_potentials, theta + gain)
+    trees = induce.induced_trees(model, TAGGED, index, tag_index=tag_index)
+    assert set(trees) == {"masked", "unmasked", "posterior"}
+    for s, heads in zip(TAGGED, trees["posterior"]):
+        assert len(heads) == s.n and is_tree(heads) and heads.count(0) == 1
+    with pytest.raises(ValueError, match="encoder"):
+        induce.ClozeModel(len(index), objective="head_mixture", encoder="distance")
+
+
+def test_punctuation_is_dropped_for_the_model_and_attached_to_the_word_before_it_after():
+    s = tagged(["Yes", ",", "the", "cat", "sat", "."], ["INTJ", "PUNCT", "DET", "NOUN", "VERB", "PUNCT"], [5, 1, 4, 5, 0, 2])
+    bare = induce.without_punctuation(s)
+    assert bare.words == ("Yes", "the", "cat", "sat") and bare.upos == ("INTJ", "DET", "NOUN", "VERB")
+    assert bare.heads == (4, 3, 4, 0)  # "." headed by "," climbs to "Yes" (not kept as a head of anything here)
+    assert induce.with_punctuation(s, [4, 3, 4, 0]) == [5, 1, 4, 5, 0, 5]
+    leading = tagged(['"', "Go", "!"], ["PUNCT", "VERB", "PUNCT"], [2, 0, 2])
+    assert induce.with_punctuation(leading, [0]) == [2, 0, 2]
+
+
+def test_the_bilstm_distance_encoder_adds_the_distance_scores_to_the_bilinear_ones():
+    torch.manual_seed(0)
+    index = induce.word_index(TAGGED, min_count=1)
+    plain = induce.ClozeModel(len(index), dim=8, hidden=8, objective="tree_autoencoder")
+    model = induce.ClozeModel(len(index), dim=8, hidden=8, objective="tree_autoencoder", encoder="bilstm_distance")
+    model.load_state_dict(plain.state_dict() | {"distance": torch.randn(2 * induce.DISTANCE + 1)})
+    words, lengths = induce.encode(TAGGED, index, bucket=8)
+    with torch.no_grad():
+        for masked in (True, False):
+            assert torch.allclose(model.tree_scores(words, lengths, masked=masked),
+                                  plain.tree_scores(words, lengths, masked=masked) + model.distance_scores(lengths, 8))

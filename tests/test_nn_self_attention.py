@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from structures import NonProjectiveDependencyCRF
+from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
 from structures.decode.arborescence import is_tree
 from structures.nn import AttentionOutput, StructuredSelfAttention
 
@@ -50,6 +50,24 @@ def test_attention_is_the_single_root_structures_marginals(scores):
     # every real word has one head in expectation, and the root exactly one child
     torch.testing.assert_close(out.attention[:, :, 1:].sum(1), (torch.arange(5) < lengths[:, None]).float())
     torch.testing.assert_close(out.attention[:, 0].sum(1), torch.ones(3))
+
+
+@pytest.mark.parametrize("single_root", [True, False])
+def test_projective_structure_attends_over_projective_trees(single_root):
+    """``structure="projective"`` (Kim et al. 2017's syntactic attention): the marginals, the
+    contexts and the decode are those of the projective CRF over the same arc scores."""
+    states, values = inputs()
+    lengths = torch.tensor([5, 4, 2])
+    m = layer(structure="projective", single_root=single_root)
+    out = m(states, values, lengths)
+    crf = ProjectiveDependencyCRF(m.arc_scores(states), lengths, single_root=single_root)
+    assert isinstance(out.distribution, ProjectiveDependencyCRF)
+    torch.testing.assert_close(out.attention, crf.marginals)
+    torch.testing.assert_close(out.context[..., :V], out.attention[:, :, 1:].transpose(-1, -2)
+                               @ torch.cat([m.root_embedding.expand(3, 1, V), values * (torch.arange(5) < lengths[:, None]).unsqueeze(-1)], 1))
+    assert torch.equal(out.distribution.decode(), crf.decode())
+    nonprojective = layer(single_root=single_root)(states, values, lengths)
+    assert not torch.allclose(out.attention, nonprojective.attention)  # five words admit non-projective trees
 
 
 def test_multi_root_option():
@@ -195,6 +213,8 @@ def test_bad_constructor_arguments():
         StructuredSelfAttention(D, scores="mlp")
     with pytest.raises(ValueError, match="output"):
         StructuredSelfAttention(D, output="children")
+    with pytest.raises(ValueError, match="structure"):
+        StructuredSelfAttention(D, structure="constituency")
 
 
 def test_inputs_are_not_mutated():

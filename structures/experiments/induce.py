@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from structures.decode.arborescence import max_arborescence
+from structures.distribution import StructuredDistribution
 from structures.nn import StructuredSelfAttention
 
 from .attachment import Attachment, TreeStatistics
@@ -61,19 +61,21 @@ LANGUAGES = {  # (training text files, evaluation file with gold trees), under <
 }
 
 
-def word_index(sentences: Sequence[Sentence], min_count: int = 2) -> dict[str, int]:
-    """Lower-cased words seen ``min_count`` times, after ``<pad>``, ``<unk>``, ``<mask>``."""
-    counts = Counter(w.lower() for s in sentences for w in s.words)
+def word_index(sentences: Sequence[Sentence], min_count: int = 2, field: str = "words") -> dict[str, int]:
+    """Lower-cased words (``field="upos"``: tags) seen ``min_count`` times, after ``<pad>``,
+    ``<unk>``, ``<mask>``."""
+    counts = Counter(w.lower() for s in sentences for w in getattr(s, field))
     kept = sorted(w for w, c in counts.items() if c >= min_count)
     return {"<pad>": PAD, "<unk>": UNK, "<mask>": MASK, **{w: i + 3 for i, w in enumerate(kept)}}
 
 
-def encode(sentences: Sequence[Sentence], index: dict[str, int], bucket: int = 8) -> tuple[Tensor, Tensor]:
-    """Word ids ``[B, N]`` (``N`` the longest length rounded up to ``bucket``) and lengths ``[B]``."""
+def encode(sentences: Sequence[Sentence], index: dict[str, int], bucket: int = 8, field: str = "words") -> tuple[Tensor, Tensor]:
+    """Word (``field="upos"``: tag) ids ``[B, N]`` (``N`` the longest length rounded up to
+    ``bucket``) and lengths ``[B]``."""
     N = -(-max(s.n for s in sentences) // bucket) * bucket
     words = torch.full((len(sentences), N), PAD, dtype=torch.long)
     for b, s in enumerate(sentences):
-        words[b, :s.n] = torch.tensor([index.get(w.lower(), UNK) for w in s.words])
+        words[b, :s.n] = torch.tensor([index.get(w.lower(), UNK) for w in getattr(s, field)])
     return words, torch.tensor([s.n for s in sentences])
 
 
@@ -86,7 +88,10 @@ def mask_words(words: Tensor, lengths: Tensor, rate: float, generator: torch.Gen
     return words.masked_fill(chosen, MASK), chosen
 
 
-OBJECTIVES = ("parent_children", "parent", "head_mixture")
+OBJECTIVES = ("parent_children", "parent", "head_mixture", "tree_autoencoder")
+HEAD_OBJECTIVES = ("head_mixture", "tree_autoencoder")  # a word-given-head probability per arc
+DISTANCE = 10  # encoder="distance": signed head-dependent distances beyond this share a score
+ENCODERS = ("bilstm", "distance", "headness", "bilstm_distance")
 
 
 class ClozeModel(nn.Module):
@@ -101,61 +106,175 @@ class ClozeModel(nn.Module):
     mixture of *probabilities* a head that predicts word ``i`` well earns the head mass (the
     expectation-maximization dynamic of a generative model), where a mixture of embeddings, as in
     the other two objectives, scores an average of heads as well as a choice of one.
+    ``"tree_autoencoder"``: the same word-given-head probabilities scored over whole trees, the
+    CRF autoencoder of Cai, Jiang & Tu (2017) with the matrix-tree theorem:
+    ``log E_{t ~ p(t | x)} prod_i P(w_i | w_{head_t(i)}) = log Z(theta + R) - log Z(theta)``, with
+    ``R[h, i] = log P(w_i | w_h, side)``; unlike the per-word mixture it keeps the tree's coupling
+    (a word's head cannot also be its dependent).
 
-    ``forward(words [B, N], lengths [B])`` -> ``(logits [B, N, V], AttentionOutput)`` (for
-    ``head_mixture`` the logits of the left-head output applied to the parent context, not used in
-    training); :meth:`loss` is the training loss.
+    ``tags > 0`` (only with a head objective): the sentence's POS tags (a tag vocabulary of that
+    size) are an input beside the words (their embeddings added), and they are what is predicted:
+    ``P(t_i | t_h, side)``, the tag-level generative dependency model of grammar induction (Klein &
+    Manning's DMV). No gold tree is used either way.
+
+    ``encoder="distance"`` (only ``tree_autoencoder``): the arc scores depend on nothing but the
+    signed distance ``h - m`` (a learned score per distance up to ``DISTANCE``), a prior over trees
+    that cannot see the sentence. The loss is then the negative log-likelihood of an edge-factored
+    generative dependency model (Klein & Manning's DMV without valence), whose trees are those of its
+    posterior (:meth:`posterior`): no word can choose a head from its own context.
+    ``encoder="headness"`` adds to those scores two per word read off the BiLSTM over the sentence,
+    how good a head it is for the words to its left and to its right: a prior over trees that sees
+    the sentence, but whose scores of word ``m``'s heads cannot depend on ``m`` beyond the distance,
+    so it cannot point a word at a head that shares its tag (which predicts the tag better than its
+    syntactic head does, and which the bilinear scores learn). ``encoder="bilstm_distance"``: the
+    bilinear scores plus the distance scores (a locality the BiLSTM states cannot easily express).
+
+    ``forward(words [B, N], lengths [B], tags [B, N] = None)`` -> ``(logits [B, N, V],
+    AttentionOutput)`` (for the head objectives the logits of the left-head output applied to the
+    parent context, not used in training); :meth:`loss` is the training loss.
     """
 
     def __init__(self, vocab_size: int, dim: int = 128, hidden: int = 64, scores: str = "bilinear",
-                 objective: str = "parent_children", adjacency: bool = False):
+                 objective: str = "parent_children", adjacency: bool = False, tags: int = 0,
+                 structure: str = "nonprojective", encoder: str = "bilstm"):
         super().__init__()
         if objective not in OBJECTIVES:
             raise ValueError(f"objective: expected one of {OBJECTIVES}, got {objective!r}")
+        if encoder not in ENCODERS or (encoder != "bilstm" and objective != "tree_autoencoder"):
+            raise ValueError(f"encoder: expected 'bilstm', or one of {ENCODERS[1:]} with objective='tree_autoencoder', got {encoder!r}")
+        self.distance = nn.Parameter(torch.zeros(2 * DISTANCE + 1)) if encoder != "bilstm" else None
+        self.headness = nn.Linear(2 * hidden, 2) if encoder == "headness" else None
+        self.encoder = encoder
+        if tags and objective not in HEAD_OBJECTIVES:
+            raise ValueError(f"tags: only with the objectives {HEAD_OBJECTIVES}, got objective={objective!r}")
         self.objective = objective
         self.arc_scale = 1.0  # multiplies the BiLSTM states before the arc scores: 0 gives uniform potentials
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=PAD)
+        self.embed_tags = nn.Embedding(tags, dim, padding_idx=PAD) if tags else None
         self.lstm = nn.LSTM(dim, hidden, batch_first=True, bidirectional=True)
-        self.attention = StructuredSelfAttention(2 * hidden, dim, scores=scores,
+        self.attention = StructuredSelfAttention(2 * hidden, dim, scores=scores, structure=structure,
                                                  output="parent_children" if objective == "parent_children" else "parent")
-        self.predict = nn.Linear((2 if objective == "parent_children" else 1) * dim, vocab_size)
-        if objective == "head_mixture":
-            self.predict_right = nn.Linear(dim, vocab_size)  # heads to the right of the word
-        self.adjacency = adjacency and objective == "head_mixture"
+        predicted = tags or vocab_size
+        self.predict = nn.Linear((2 if objective == "parent_children" else 1) * dim, predicted)
+        if objective in HEAD_OBJECTIVES:
+            self.predict_right = nn.Linear(dim, predicted)  # heads to the right of the word
+        self.adjacency = adjacency and objective in HEAD_OBJECTIVES
         if self.adjacency:  # the DMV's adjacency: own outputs for the heads next to the word
-            self.predict_next_left = nn.Linear(dim, vocab_size)
-            self.predict_next_right = nn.Linear(dim, vocab_size)
+            self.predict_next_left = nn.Linear(dim, predicted)
+            self.predict_next_right = nn.Linear(dim, predicted)
 
-    def forward(self, words: Tensor, lengths: Tensor):
-        values = self.embed(words)
+    def forward(self, words: Tensor, lengths: Tensor, tags: Tensor | None = None):
+        states, values = self.states(words, lengths, tags)
+        out = self.attention(states, values, lengths)
+        return self.predict(out.context), out
+
+    def states(self, words: Tensor, lengths: Tensor, tags: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The BiLSTM states the arc scores are read from ``[B, N, 2 * hidden]`` (times
+        ``arc_scale``) and the input embeddings ``[B, N, dim]``."""
+        values = self.embed(words) if self.embed_tags is None else self.embed(words) + self.embed_tags(tags)
         packed = nn.utils.rnn.pack_padded_sequence(values, lengths, batch_first=True, enforce_sorted=False)
         states, _ = self.lstm(packed)
         states, _ = nn.utils.rnn.pad_packed_sequence(states, batch_first=True, total_length=words.shape[1])
-        out = self.attention(states * self.arc_scale if self.arc_scale != 1.0 else states, values, lengths)
-        return self.predict(out.context), out
+        return (states * self.arc_scale if self.arc_scale != 1.0 else states), values
 
-    def loss(self, words: Tensor, masked: Tensor, lengths: Tensor, chosen: Tensor):
-        """The mean cross-entropy of the ``chosen [B, N]`` words of ``words`` given the ``masked``
-        sentences, and the layer's output."""
-        logits, out = self(masked, lengths)
-        if self.objective != "head_mixture":
-            return nn.functional.cross_entropy(logits[chosen], words[chosen]), out
+    def distance_scores(self, lengths: Tensor, N: int) -> Tensor:
+        """``[B, N+1, N+1]`` arc scores of ``encoder="distance"``: ``[b, h, m]`` the learned score of
+        the signed distance ``h - m`` (clipped to ``±DISTANCE``); the root's row 0 (one root arc in
+        every single-rooted tree, a constant)."""
+        position = torch.arange(N + 1, device=lengths.device)
+        theta = self.distance[(position.unsqueeze(-1) - position).clamp(-DISTANCE, DISTANCE) + DISTANCE]
+        return theta.masked_fill(position.unsqueeze(-1) == 0, 0.0).expand(len(lengths), N + 1, N + 1)
+
+    def tree_scores(self, words: Tensor, lengths: Tensor, tags: Tensor | None = None, masked: bool = True) -> Tensor:
+        """The layer's ``[B, N+1, N+1]`` arc scores of the sentences: :meth:`masked_arc_scores`
+        (``masked``), those of one pass over the plain sentences, or the distance scores."""
+        if self.encoder == "headness":
+            left, right = nn.functional.pad(self.headness(self.states(words, lengths, tags)[0]), (0, 0, 1, 0)).unbind(-1)
+            position = torch.arange(words.shape[1] + 1, device=words.device)
+            heads = torch.where(position.unsqueeze(-1) < position, right.unsqueeze(-1), left.unsqueeze(-1))  # [B, h, m]
+            return self.distance_scores(lengths, words.shape[1]) + heads.masked_fill(position.unsqueeze(-1) == 0, 0.0)
+        if self.encoder == "distance":
+            return self.distance_scores(lengths, words.shape[1])
+        if masked:
+            scores = self.masked_arc_scores(words, lengths, tags)
+        else:
+            scores = self.attention.arc_scores(self.states(words, lengths, tags)[0])
+        return scores + self.distance_scores(lengths, words.shape[1]) if self.encoder == "bilstm_distance" else scores
+
+    def posterior(self, words: Tensor, lengths: Tensor, tags: Tensor | None = None) -> StructuredDistribution:
+        """The trees given the whole observed sentence (head objectives): the layer's
+        :meth:`tree_scores` plus every word's ``log P(x_m | x_h)``."""
+        targets = words if tags is None else tags
+        gain = self.given_head(self.head_values(words, tags), targets) * (targets > MASK).unsqueeze(1)
+        return self.attention.structure(self.tree_scores(words, lengths, tags) + nn.functional.pad(gain, (1, 0)),
+                                        lengths, self.attention.single_root)
+
+    def head_values(self, words: Tensor, tags: Tensor | None = None) -> Tensor:
+        """``[B, N+1, dim]``: the root's embedding, then each word's (its tag's, with tags): what
+        the word-given-head probabilities are read from."""
+        heads = self.embed(words) if tags is None else self.embed_tags(tags)
+        return torch.cat([self.attention.root_embedding.expand(len(heads), 1, -1), heads], 1)
+
+    def masked_arc_scores(self, words: Tensor, lengths: Tensor, tags: Tensor | None = None) -> Tensor:
+        """``[B, N+1, N+1]`` arc scores whose column ``m`` (the head scores of word ``m``) comes from
+        the sentence with word ``m`` (and its tag) masked: one copy of each sentence per word, so no
+        word's own identity reaches the scores of its heads. Column 0 is 0."""
         B, N = words.shape
-        heads = torch.cat([self.attention.root_embedding.expand(B, 1, -1), self.embed(masked)], 1)  # [B, N+1, dim]
-        b, m = chosen.nonzero(as_tuple=True)  # the masked words: sentence b, word m+1
-        target = words[b, m]
-        left = self.predict(heads).log_softmax(-1)[b, :, target]  # [K, N+1]: log P(w_m | head h, h left of m)
-        right = self.predict_right(heads).log_softmax(-1)[b, :, target]
-        side = torch.arange(N + 1, device=words.device) > (m + 1).unsqueeze(-1)  # head h right of word m+1
-        word_given_head = torch.where(side, right, left)
+        masked_word = torch.arange(N, device=words.device).repeat(B)
+        copy_lengths = lengths.repeat_interleave(N)
+        inside = masked_word < copy_lengths
+
+        def copied(ids: Tensor) -> Tensor:
+            copies = ids.repeat_interleave(N, 0)
+            copies[torch.arange(B * N, device=words.device), masked_word] = MASK
+            return copies[inside]
+
+        states = self.states(copied(words), copy_lengths[inside], None if tags is None else copied(tags))[0]
+        columns = states.new_zeros(B * N, N + 1)
+        columns[inside] = self.attention.arc_scores(states)[torch.arange(len(states)), :, masked_word[inside] + 1]
+        return nn.functional.pad(columns.view(B, N, N + 1).transpose(1, 2), (1, 0))
+
+    def loss(self, words: Tensor, masked: Tensor, lengths: Tensor, chosen: Tensor, tags: Tensor | None = None,
+             each: bool = False) -> tuple[Tensor, StructuredDistribution]:
+        """The mean cross-entropy of the ``chosen [B, N]`` words of ``words`` (with tags: their
+        tags ``tags [B, N]``) given the ``masked`` sentences, and the layer's distribution over
+        trees. ``each`` (head objectives, nothing masked): every word's head scores come from the
+        sentence with that word masked (:meth:`masked_arc_scores`)."""
+        masked_tags = None if tags is None else tags.masked_fill(masked == MASK, MASK)
+        targets = words if tags is None else tags
+        if each or self.distance is not None:
+            prior = self.attention.structure(self.tree_scores(masked, lengths, masked_tags, masked=each), lengths, self.attention.single_root)
+        else:
+            logits, out = self(masked, lengths, masked_tags)
+            if self.objective not in HEAD_OBJECTIVES:
+                return nn.functional.cross_entropy(logits[chosen], targets[chosen]), out.distribution
+            prior = out.distribution
+        given = self.given_head(self.head_values(masked, masked_tags), targets)
+        if self.objective == "head_mixture":
+            mixture = (prior.marginals[:, :, 1:].clamp_min(1e-30).log() + given).logsumexp(1)  # [B, N]
+            return -mixture[chosen].mean(), prior
+        gain = nn.functional.pad(given * chosen.unsqueeze(1), (1, 0))  # [B, N+1, N+1]; 0 for words not predicted
+        joint = type(prior)(prior.log_potentials + gain, lengths, prior.single_root)
+        return -(joint.log_partition - prior.log_partition).sum() / chosen.sum(), prior
+
+    def given_head(self, heads: Tensor, targets: Tensor) -> Tensor:
+        """``[B, N+1, N]`` log-probabilities ``[b, h, m-1] = log P(targets[b, m-1] | head h)`` of
+        word ``m`` given each candidate head ``h`` (0 the root) from the head representations
+        ``heads [B, N+1, dim]``: the left-head output for ``h < m``, the right-head one for
+        ``h > m`` and, with adjacency, their own for ``h = m - 1 >= 1`` and ``h = m + 1``."""
+        B, N = targets.shape
+        index = targets.unsqueeze(1).expand(B, N + 1, N)
+
+        def scored(output: nn.Linear) -> Tensor:
+            return output(heads).log_softmax(-1).gather(-1, index)
+
+        h = torch.arange(N + 1, device=targets.device).unsqueeze(-1)
+        m = torch.arange(1, N + 1, device=targets.device)
+        given = torch.where(h > m, scored(self.predict_right), scored(self.predict))
         if self.adjacency:
-            position = torch.arange(N + 1, device=words.device)
-            word_given_head = torch.where((position == m.unsqueeze(-1)) & (position > 0), self.predict_next_left(heads).log_softmax(-1)[b, :, target],
-                                          word_given_head)  # h = word m: the word just left of word m+1
-            word_given_head = torch.where(position == (m + 2).unsqueeze(-1), self.predict_next_right(heads).log_softmax(-1)[b, :, target],
-                                          word_given_head)
-        marginals = out.attention[b, :, m + 1]  # [K, N+1]: p(h -> m+1)
-        return -(marginals.clamp_min(1e-30).log() + word_given_head).logsumexp(-1).mean(), out
+            given = torch.where((h == m - 1) & (h > 0), scored(self.predict_next_left), given)
+            given = torch.where(h == m + 1, scored(self.predict_next_right), given)
+        return given
 
 
 def hub_penalty(attention: Tensor, lengths: Tensor) -> Tensor:
@@ -168,11 +287,11 @@ def hub_penalty(attention: Tensor, lengths: Tensor) -> Tensor:
 
 def train_epoch(model: ClozeModel, sentences: Sequence[Sentence], index: dict[str, int], optimizer: torch.optim.Optimizer,
                 rng: random.Random, generator: torch.Generator, rate: float = 0.15, tokens_per_batch: int = 800,
-                hub_weight: float = 0.0, targets: str = "masked") -> tuple[float, int]:
+                hub_weight: float = 0.0, targets: str = "masked", tag_index: dict[str, int] | None = None) -> tuple[float, int]:
     """One pass of the cloze task: the mean cross-entropy per masked word (``targets="all"``: every
-    known word is a target and none is masked, only for ``head_mixture``, whose mixture of
+    known word is a target and none is masked, only for the head objectives, whose word-given-head
     probabilities cannot pass the target through the choice of heads: ``p(w_i) <= max_h P(w_i | w_h)``,
-    and no head is word ``i`` itself) (``hub_weight`` times
+    and no head is word ``i`` itself; with ``tag_index`` the tags are input and targets) (``hub_weight`` times
     :func:`hub_penalty` is added to the loss that is minimized, not to the one reported), and the
     number of batches skipped because the backward pass through the matrix-tree marginals failed (a
     singular Laplacian or non-finite gradients; ``NonProjectiveDependencyCRF.marginals``'s
@@ -180,13 +299,16 @@ def train_epoch(model: ClozeModel, sentences: Sequence[Sentence], index: dict[st
     model.train()
     total, count, skipped = 0.0, 0, 0
     for group in length_groups(sentences, tokens_per_batch, rng):
-        words, lengths = encode([sentences[i] for i in group], index)
-        if targets == "all":
-            masked, chosen = words, (words > MASK) & (torch.arange(words.shape[1]) < lengths.unsqueeze(-1))
+        batch = [sentences[i] for i in group]
+        words, lengths = encode(batch, index)
+        tags = encode(batch, tag_index, field="upos")[0] if tag_index else None
+        if targets in ("all", "each"):
+            known = words if tags is None else tags
+            masked, chosen = words, (known > MASK) & (torch.arange(words.shape[1]) < lengths.unsqueeze(-1))
         else:
             masked, chosen = mask_words(words, lengths, rate, generator)
-        loss, att = model.loss(words, masked, lengths, chosen)
-        objective = loss + hub_weight * hub_penalty(att.attention, lengths) if hub_weight else loss
+        loss, trees = model.loss(words, masked, lengths, chosen, tags, each=targets == "each")
+        objective = loss + hub_weight * hub_penalty(trees.marginals, lengths) if hub_weight else loss
         optimizer.zero_grad()
         try:
             objective.backward()
@@ -203,38 +325,58 @@ def train_epoch(model: ClozeModel, sentences: Sequence[Sentence], index: dict[st
     return total / max(count, 1), skipped
 
 
-def masked_arc_scores(model: ClozeModel, words: Tensor, lengths: Tensor) -> Tensor:
-    """``[B, N+1, N+1]`` arc scores whose column ``m`` (the head scores of word ``m``) comes from
-    the sentence with word ``m`` masked: one copy of each sentence per word. Column 0 is 0."""
-    B, N = words.shape
-    copies = words.repeat_interleave(N, 0)
-    masked_word = torch.arange(N).repeat(B)
-    copies[torch.arange(B * N), masked_word] = MASK
-    copy_lengths = lengths.repeat_interleave(N)
-    inside = masked_word < copy_lengths
-    scores = torch.zeros(B * N, N + 1, N + 1)
-    scores[inside] = model(copies[inside], copy_lengths[inside])[1].distribution.log_potentials
-    m = torch.arange(N)
-    columns = scores.view(B, N, N + 1, N + 1)[:, m, :, m + 1]  # [N, B, N+1]: [m, b, h] = copy m's score h -> m+1
-    return nn.functional.pad(columns.permute(1, 2, 0), (1, 0))
-
-
 @torch.no_grad()
 def induced_trees(model: ClozeModel, sentences: Sequence[Sentence], index: dict[str, int],
-                  tokens_per_batch: int = 4000) -> dict[str, list[list[int]]]:
-    """The trees the layer induces, by the spanning-tree decode (single root) of its arc scores:
-    ``masked`` (word i's head scores from the sentence with word i masked) and ``unmasked``."""
+                  tokens_per_batch: int = 4000, tag_index: dict[str, int] | None = None) -> dict[str, list[list[int]]]:
+    """The trees the layer induces, by the best-tree decode (single root) of its arc scores:
+    ``masked`` (word i's head scores from the sentence with word i masked) and ``unmasked``; for
+    the head objectives also ``posterior``, the best tree of :meth:`ClozeModel.posterior`."""
     model.eval()
-    out = {"masked": [[] for _ in sentences], "unmasked": [[] for _ in sentences]}
+    kinds = ("masked", "unmasked", "posterior") if model.objective in HEAD_OBJECTIVES else ("masked", "unmasked")
+    out = {kind: [[] for _ in sentences] for kind in kinds}
     for group in length_groups(sentences, tokens_per_batch):
-        words, lengths = encode([sentences[i] for i in group], index)
-        _, plain = model(words, lengths)
-        unmasked = plain.distribution.decode()
-        heads = max_arborescence(masked_arc_scores(model, words, lengths), lengths, single_root=True)
-        for b, i in enumerate(group):
-            n = sentences[i].n
-            out["masked"][i] = heads[b, :n].tolist()
-            out["unmasked"][i] = unmasked[b, :n].tolist()
+        batch = [sentences[i] for i in group]
+        words, lengths = encode(batch, index)
+        tags = encode(batch, tag_index, field="upos")[0] if tag_index else None
+        trees = {kind: model.attention.structure(model.tree_scores(words, lengths, tags, kind == "masked"), lengths, True)
+                 for kind in kinds[:2]}
+        if "posterior" in kinds:
+            trees["posterior"] = model.posterior(words, lengths, tags)
+        for kind, distribution in trees.items():
+            heads = distribution.decode()
+            for b, i in enumerate(group):
+                out[kind][i] = heads[b, :sentences[i].n].tolist()
+    return out
+
+
+def without_punctuation(s: Sentence) -> Sentence:
+    """``s`` without its punctuation (gold UPOS ``PUNCT``), as grammar induction reads text (Klein &
+    Manning 2004); in its gold tree a punctuation head is replaced by its nearest other ancestor."""
+    keep = [m for m, pos in enumerate(s.upos, 1) if pos != "PUNCT"]
+    new = {m: i for i, m in enumerate(keep, 1)}
+
+    def head(m: int) -> int:
+        h = s.heads[m - 1]
+        while h and h not in new:
+            h = s.heads[h - 1]
+        return new.get(h, 0)
+
+    return Sentence(s.tokens, *(tuple(column[m - 1] for m in keep) for column in (s.words, s.upos)),
+                    tuple(head(m) for m in keep), tuple(s.deprels[m - 1] for m in keep))
+
+
+def with_punctuation(s: Sentence, heads: Sequence[int]) -> list[int]:
+    """The heads over all words of ``s`` of a tree ``heads`` over its words without punctuation
+    (:func:`without_punctuation`): each punctuation mark attached to the word before it (the first
+    word after it at the start of the sentence, the root if it has no other word)."""
+    keep = [m for m, pos in enumerate(s.upos, 1) if pos != "PUNCT"]
+    out = [0] * s.n
+    for m, h in zip(keep, heads):
+        out[m - 1] = keep[h - 1] if h else 0
+    for m, pos in enumerate(s.upos, 1):
+        if pos == "PUNCT":
+            before = [k for k in keep if k < m]
+            out[m - 1] = before[-1] if before else keep[0] if keep else (m + 1 if m < s.n else 0)
     return out
 
 
@@ -271,17 +413,29 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--max-sentences", type=int, default=None, help="read at most this many sentences of each file")
     p.add_argument("--max-train-length", type=int, default=60)
     p.add_argument("--scores", choices=("bilinear", "dot"), default="bilinear")
+    p.add_argument("--encoder", choices=ENCODERS, default="bilstm",
+                   help="the arc scores: bilinear from a BiLSTM over the sentence, or (tree_autoencoder) from the head-dependent "
+                        "distance only (a generative dependency model; read its posterior trees), or distance plus each "
+                        "word's BiLSTM score as a head to its left and right (headness)")
+    p.add_argument("--structure", choices=("nonprojective", "projective"), default="nonprojective",
+                   help="the layer's trees: non-projective (matrix-tree, Liu & Lapata) or projective (Eisner, Kim et al.)")
     p.add_argument("--objective", choices=OBJECTIVES, default="parent_children",
                    help="the context a masked word is predicted from: its soft parent and children, or its soft parent only")
-    p.add_argument("--targets", choices=("masked", "all"), default="masked",
-                   help="predict the masked 15%% of the words, or (head_mixture only) every word of the unmasked sentence")
+    p.add_argument("--targets", choices=("masked", "all", "each"), default="masked",
+                   help="predict the masked share of the words (--mask-rate), or (head objectives only) every word: `all` from "
+                        "the unmasked sentence, `each` with its head scores from the sentence with it masked")
+    p.add_argument("--mask-rate", type=float, default=0.15, help="the share of the words masked (targets masked)")
+    p.add_argument("--values", choices=("words", "upos"), default="words",
+                   help="what the head objectives predict from the head: words, or the POS tags (also an input beside the words)")
     p.add_argument("--adjacency", action="store_true",
-                   help="head_mixture: own word-given-head outputs for the two neighbouring heads (the DMV's adjacency)")
+                   help="head objectives: own word-given-head outputs for the two neighbouring heads (the DMV's adjacency)")
     p.add_argument("--uniform-epochs", type=int, default=0,
                    help="train the first this many epochs with uniform arc potentials (the word predictor learns from "
                         "every candidate head before the arc scorer commits to any, as IBM Model 1 before its alignments)")
     p.add_argument("--hub-penalty", type=float, default=0.0,
                    help="weight of the penalty on the squared expected number of children per word (see hub_penalty)")
+    p.add_argument("--drop-punct", action="store_true",
+                   help="the model reads the sentences without punctuation (gold UPOS); each mark is attached to the word before it")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's; keeps the arc scores moderate")
     p.add_argument("--data-dir", type=Path, default=default_data_dir(),
@@ -289,8 +443,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--out", type=Path, default=Path("results/induce"))
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    if args.targets == "all" and args.objective != "head_mixture":
-        p.error("--targets all: only with --objective head_mixture (the other contexts would leak the word)")
+    if (args.targets != "masked" or args.values == "upos") and args.objective not in HEAD_OBJECTIVES:
+        p.error(f"--targets all or each, --values upos: only with --objective {' or '.join(HEAD_OBJECTIVES)} (the other contexts would leak the word)")
     if args.quick:
         args.max_sentences = args.max_sentences or 40
         args.epochs = 1
@@ -300,18 +454,34 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
     train_files, eval_file = LANGUAGES[args.language]
     ud = args.data_dir / "ud"
-    train = [s for f in train_files for s in read_conllu(ud / f, args.max_sentences) if s.n <= args.max_train_length]
+    view = without_punctuation if args.drop_punct else (lambda s: s)
+    train = [v for f in train_files for s in read_conllu(ud / f, args.max_sentences) if 0 < (v := view(s)).n <= args.max_train_length]
     test = read_conllu(ud / eval_file, args.max_sentences)
+    shown = [view(s) for s in test]  # what the model reads
+    if any(s.n == 0 for s in shown):
+        raise SystemExit("induce --drop-punct: an evaluation sentence is all punctuation")
     index = word_index(train)
-    model = ClozeModel(len(index), scores=args.scores, objective=args.objective, adjacency=args.adjacency)
+    tag_index = word_index(train, min_count=1, field="upos") if args.values == "upos" else None
+    model = ClozeModel(len(index), scores=args.scores, objective=args.objective, adjacency=args.adjacency,
+                       tags=len(tag_index) if tag_index else 0, structure=args.structure, encoder=args.encoder)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     rng, generator = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"{args.language}_{args.scores}"
     if args.objective != "parent_children" or args.hub_penalty:
         name += f"_{args.objective}" + (f"_hub{args.hub_penalty:g}" if args.hub_penalty else "")
-    if args.targets == "all":
-        name += "_all"
+    if args.targets != "masked":
+        name += f"_{args.targets}"
+    elif args.mask_rate != 0.15:
+        name += f"_rate{args.mask_rate:g}"
+    if tag_index:
+        name += "_upos"
+    if args.structure == "projective":
+        name += "_projective"
+    if args.encoder != "bilstm":
+        name += f"_{args.encoder}"
+    if args.drop_punct:
+        name += "_nopunct"
     if args.uniform_epochs:
         name += f"_uniform{args.uniform_epochs}"
     if args.adjacency:
@@ -320,16 +490,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     curve = []
     for epoch in (bar := tqdm(range(args.epochs), desc=f"induce {args.language}")):
         model.arc_scale = 0.0 if epoch < args.uniform_epochs else 1.0
-        loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, hub_weight=args.hub_penalty, targets=args.targets)
+        loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, rate=args.mask_rate, hub_weight=args.hub_penalty, targets=args.targets,
+                                     tag_index=tag_index)
         curve.append({"epoch": epoch + 1, "cloze_loss": loss, "skipped_batches": skipped, "seconds": time.perf_counter() - start})
         bar.set_postfix(loss=f"{loss:.3f}")
     train_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
-    trees = {"gold": [list(s.heads) for s in test], **induced_trees(model, test, index), **chain_trees(test)}
+    induced = induced_trees(model, shown, index, tag_index=tag_index)
+    restored = {k: [with_punctuation(s, h) for s, h in zip(test, v)] for k, v in induced.items()} if args.drop_punct else induced
+    trees = {"gold": [list(s.heads) for s in test], **restored, **chain_trees(test)}
     induce_seconds = time.perf_counter() - start
     wall = time.perf_counter() - wall
-    rows = [{"language": args.language, "objective": args.objective, "targets": args.targets, "hub_penalty": args.hub_penalty, "uniform_epochs": args.uniform_epochs, "adjacency": args.adjacency, "trees": k,
+    rows = [{"language": args.language, "objective": args.objective, "targets": args.targets, "mask_rate": args.mask_rate, "values": args.values, "structure": args.structure, "encoder": args.encoder, "drop_punct": args.drop_punct, "hub_penalty": args.hub_penalty, "uniform_epochs": args.uniform_epochs, "adjacency": args.adjacency, "trees": k,
              "epochs": args.epochs, "seed": args.seed, "train_sentences": len(train),
              "eval_sentences": len(test), **score_trees(test, v), "final_cloze_loss": curve[-1]["cloze_loss"],
              "skipped_batches": sum(c["skipped_batches"] for c in curve),
@@ -340,14 +513,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             w.writeheader()
             w.writerows(table)
     (args.out / f"{name}.md").write_text(markdown_table(rows))
-    draw(model, test, index, trees, args.out, name)
+    draw(model, shown, index, {"gold": [list(s.heads) for s in shown], **induced, **chain_trees(shown)} if args.drop_punct else trees,
+         args.out, name, tag_index=tag_index)
     print(markdown_table(rows))
     return rows
 
 
 @torch.no_grad()
 def draw(model: ClozeModel, sentences: Sequence[Sentence], index: dict[str, int], trees: dict[str, list[list[int]]],
-         out: Path, name: str, shortest: int = 8, longest: int = 14) -> None:
+         out: Path, name: str, shortest: int = 8, longest: int = 14, tag_index: dict[str, int] | None = None) -> None:
     """Arc diagrams (gold, induced, baselines) of one sentence, the depth histograms of every tree
     kind, and the heatmap of the layer's arc marginals on the plain sentence."""
     import matplotlib.pyplot as plt
@@ -358,7 +532,7 @@ def draw(model: ClozeModel, sentences: Sequence[Sentence], index: dict[str, int]
     s = sentences[i]
     draw_trees(s.words, {k: v[i] for k, v in trees.items()}, out / f"{name}_trees.png", title=f"{s.sent_id} (red: arcs not in gold)")
     words, lengths = encode([s], index)
-    _, att = model(words, lengths)
+    _, att = model(words, lengths, encode([s], tag_index, field="upos")[0] if tag_index else None)
     draw_marginals(s.words, att.attention[0, :s.n + 1, :s.n + 1].tolist(), out / f"{name}_marginals.png", gold=list(s.heads),
                    title="structured attention: arc marginals (plain sentence)")
     fig, ax = plt.subplots(figsize=(6, 3.2))

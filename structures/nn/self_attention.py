@@ -22,6 +22,10 @@ over the words' semantic vectors ``e`` (``values``). ``hard=True`` is the straig
 estimator of Bisk & Tran §4.3, with the maximum spanning tree as the hard structure: the forward
 pass uses the one-hot arcs of the best tree (Chu-Liu-Edmonds, ``distribution.argmax``), the
 backward pass is that of the marginals.
+
+``structure="projective"`` puts the attention over projective trees instead
+(:class:`structures.ProjectiveDependencyCRF`, Eisner's inside-outside), the syntactic attention
+of Kim et al. 2017 (§3.3); everything else is the same.
 """
 
 from __future__ import annotations
@@ -32,18 +36,21 @@ import torch
 from torch import Tensor, nn
 
 from ..nonprojective import NonProjectiveDependencyCRF
+from ..projective import ProjectiveDependencyCRF
 from .attention import check_lengths, position_mask, zero_padding
 from .output import AttentionOutput
 
 SCORES = ("bilinear", "dot")
 OUTPUTS = ("parent", "parent_children", "update")
+STRUCTURES = {"nonprojective": NonProjectiveDependencyCRF, "projective": ProjectiveDependencyCRF}
 
 
 class StructuredSelfAttention(nn.Module):
     """Matrix-tree self-attention over the ``N`` words of each sequence (no root position in the input).
 
     ``StructuredSelfAttention(state_dim, value_dim=None, scores="bilinear", output="parent_children",
-    single_root=True, hard=False)``; ``value_dim`` defaults to ``state_dim``.
+    single_root=True, hard=False, structure="nonprojective")``; ``value_dim`` defaults to
+    ``state_dim``; ``structure="projective"``: projective trees (Eisner).
 
     ``forward(states [B, N, D], values [B, N, V] = states, lengths [B] in 1..N)`` (or ``mask [B, N]``
     instead of ``lengths``: bool, True at the real words, a prefix of each row; the input has no
@@ -57,15 +64,20 @@ class StructuredSelfAttention(nn.Module):
       arcs of the best tree (gradients: those of the marginals).
     - ``context``: per ``output``, ``"parent"``: ``p [B, N, V]``; ``"parent_children"``:
       ``[p; c] [B, N, 2V]``; ``"update"``: ``r [B, N, V]`` (eq. 18). 0 at padded words.
-    - ``distribution``: the :class:`~structures.NonProjectiveDependencyCRF` over the words, built
-      from :meth:`arc_scores`; ``distribution.decode()`` gives the heads ``[B, N]`` (0 = root).
+    - ``distribution``: the :class:`~structures.NonProjectiveDependencyCRF` (or, projective,
+      :class:`~structures.ProjectiveDependencyCRF`) over the words, built from :meth:`arc_scores`;
+      ``distribution.decode()`` gives the heads ``[B, N]`` (0 = root).
     """
 
     def __init__(self, state_dim: int, value_dim: int | None = None, scores: str = "bilinear",
-                 output: str = "parent_children", single_root: bool = True, hard: bool = False):
+                 output: str = "parent_children", single_root: bool = True, hard: bool = False,
+                 structure: str = "nonprojective"):
         super().__init__()
         if scores not in SCORES:
             raise ValueError(f"scores: expected one of {SCORES}, got {scores!r}")
+        if structure not in STRUCTURES:
+            raise ValueError(f"structure: expected one of {tuple(STRUCTURES)}, got {structure!r}")
+        self.structure = STRUCTURES[structure]
         if output not in OUTPUTS:
             raise ValueError(f"output: expected one of {OUTPUTS}, got {output!r}")
         value_dim = state_dim if value_dim is None else value_dim
@@ -102,7 +114,7 @@ class StructuredSelfAttention(nn.Module):
     def forward(self, states: Tensor, values: Tensor | None = None, lengths: Tensor | None = None, *,
                 mask: Tensor | None = None) -> AttentionOutput:
         states, values, lengths = self._check(states, values, lengths, mask)
-        distribution = NonProjectiveDependencyCRF(self.arc_scores(states), lengths, self.single_root)
+        distribution = self.structure(self.arc_scores(states), lengths, self.single_root)
         attention = distribution.marginals
         if self.hard:
             # exact one-hot arcs forward (x - x is exactly 0), the marginals' gradient backward
