@@ -65,6 +65,7 @@ def test_chain_baselines_and_their_scores():
     assert left["directed"] == 1.0 and right["directed"] == 0.0
     assert right["undirected"] == pytest.approx(2 / 3)  # 1-2 and 2-3 are gold arcs reversed
     assert left["mean_height"] == 3 and left["adjacent_arcs"] == 1.0
+    assert right["same_upos_no_punct"] == pytest.approx(2 / 3)  # every word a NOUN: all but the root's child
 
 
 def test_tree_statistics():

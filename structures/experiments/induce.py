@@ -37,7 +37,6 @@ from __future__ import annotations
 import csv
 import random
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -52,31 +51,15 @@ from .attachment import Attachment, TreeStatistics
 from .parse import length_groups, markdown_table
 from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu
+from .dmv import DMV, parses
+from .dmv import train_epoch as train_dmv_epoch
+from .vocabulary import MASK, PAD, UNK, encode, word_index
 
-PAD, UNK, MASK = 0, 1, 2
 LANGUAGES = {  # (training text files, evaluation file with gold trees), under <data-dir>/ud
     "en": ((TREEBANKS["ewt"][0], TREEBANKS["ewt"][1], PUD["en"]), PUD["en"]),
     "de": ((PUD["de"],), PUD["de"]),
     "nl": (TREEBANKS["lassysmall"], TREEBANKS["lassysmall"][1]),
 }
-
-
-def word_index(sentences: Sequence[Sentence], min_count: int = 2, field: str = "words") -> dict[str, int]:
-    """Lower-cased words (``field="upos"``: tags) seen ``min_count`` times, after ``<pad>``,
-    ``<unk>``, ``<mask>``."""
-    counts = Counter(w.lower() for s in sentences for w in getattr(s, field))
-    kept = sorted(w for w, c in counts.items() if c >= min_count)
-    return {"<pad>": PAD, "<unk>": UNK, "<mask>": MASK, **{w: i + 3 for i, w in enumerate(kept)}}
-
-
-def encode(sentences: Sequence[Sentence], index: dict[str, int], bucket: int = 8, field: str = "words") -> tuple[Tensor, Tensor]:
-    """Word (``field="upos"``: tag) ids ``[B, N]`` (``N`` the longest length rounded up to
-    ``bucket``) and lengths ``[B]``."""
-    N = -(-max(s.n for s in sentences) // bucket) * bucket
-    words = torch.full((len(sentences), N), PAD, dtype=torch.long)
-    for b, s in enumerate(sentences):
-        words[b, :s.n] = torch.tensor([index.get(w.lower(), UNK) for w in getattr(s, field)])
-    return words, torch.tensor([s.n for s in sentences])
 
 
 def mask_words(words: Tensor, lengths: Tensor, rate: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -389,9 +372,10 @@ def chain_trees(sentences: Sequence[Sentence]) -> dict[str, list[list[int]]]:
 
 def score_trees(sentences: Sequence[Sentence], trees: Sequence[Sequence[int]]) -> dict[str, float]:
     """Directed and undirected attachment accuracy, with and without punctuation (``_no_punct``:
-    over the words whose gold UPOS is not PUNCT, as Bisk & Tran's Table 3), tree statistics."""
+    over the words whose gold UPOS is not PUNCT, as Bisk & Tran's Table 3), tree statistics, and
+    ``same_upos_no_punct``: the share of those words whose head has their own gold UPOS."""
     a, stats = Attachment(), TreeStatistics()
-    undirected, words = 0, 0
+    undirected, same, words = 0, 0, 0
     for s, heads in zip(sentences, trees):
         a.add(s.heads, heads, s.upos)
         stats.add(heads)
@@ -400,8 +384,9 @@ def score_trees(sentences: Sequence[Sentence], trees: Sequence[Sequence[int]]) -
             if pos != "PUNCT":
                 words += 1
                 undirected += frozenset((h, m)) in gold
+                same += h > 0 and s.upos[h - 1] == pos
     return {"directed": a.uas, "directed_no_punct": a.uas_no_punct, "undirected": a.undirected_accuracy,
-            "undirected_no_punct": undirected / max(words, 1), **stats.summary()}
+            "undirected_no_punct": undirected / max(words, 1), "same_upos_no_punct": same / max(words, 1), **stats.summary()}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
@@ -419,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                         "word's BiLSTM score as a head to its left and right (headness)")
     p.add_argument("--structure", choices=("nonprojective", "projective"), default="nonprojective",
                    help="the layer's trees: non-projective (matrix-tree, Liu & Lapata) or projective (Eisner, Kim et al.)")
-    p.add_argument("--objective", choices=OBJECTIVES, default="parent_children",
+    p.add_argument("--objective", choices=OBJECTIVES + ("dmv",), default="parent_children",
                    help="the context a masked word is predicted from: its soft parent and children, or its soft parent only")
     p.add_argument("--targets", choices=("masked", "all", "each"), default="masked",
                    help="predict the masked share of the words (--mask-rate), or (head objectives only) every word: `all` from "
@@ -431,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                    help="head objectives: own word-given-head outputs for the two neighbouring heads (the DMV's adjacency)")
     p.add_argument("--uniform-epochs", type=int, default=0,
                    help="train the first this many epochs with uniform arc potentials (the word predictor learns from "
-                        "every candidate head before the arc scorer commits to any, as IBM Model 1 before its alignments)")
+                        "every candidate head before the arc scorer commits to any, as IBM Model 1 before its alignments); "
+                        "dmv: with a bias of -log|h - m| on every arc (toward short arcs, as Klein & Manning's harmonic start)")
     p.add_argument("--hub-penalty", type=float, default=0.0,
                    help="weight of the penalty on the squared expected number of children per word (see hub_penalty)")
     p.add_argument("--drop-punct", action="store_true",
@@ -443,8 +429,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--out", type=Path, default=Path("results/induce"))
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    if (args.targets != "masked" or args.values == "upos") and args.objective not in HEAD_OBJECTIVES:
+    dmv = args.objective == "dmv"
+    if (args.targets != "masked" or args.values == "upos") and args.objective not in HEAD_OBJECTIVES and not dmv:
         p.error(f"--targets all or each, --values upos: only with --objective {' or '.join(HEAD_OBJECTIVES)} (the other contexts would leak the word)")
+    if dmv and args.values != "upos":
+        p.error("--objective dmv: a model of POS tags, needs --values upos")
     if args.quick:
         args.max_sentences = args.max_sentences or 40
         args.epochs = 1
@@ -462,8 +451,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         raise SystemExit("induce --drop-punct: an evaluation sentence is all punctuation")
     index = word_index(train)
     tag_index = word_index(train, min_count=1, field="upos") if args.values == "upos" else None
-    model = ClozeModel(len(index), scores=args.scores, objective=args.objective, adjacency=args.adjacency,
-                       tags=len(tag_index) if tag_index else 0, structure=args.structure, encoder=args.encoder)
+    model = DMV(len(tag_index)) if dmv else ClozeModel(len(index), scores=args.scores, objective=args.objective, adjacency=args.adjacency,
+                                                       tags=len(tag_index) if tag_index else 0, structure=args.structure, encoder=args.encoder)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     rng, generator = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -489,15 +478,19 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     start = time.perf_counter()
     curve = []
     for epoch in (bar := tqdm(range(args.epochs), desc=f"induce {args.language}")):
-        model.arc_scale = 0.0 if epoch < args.uniform_epochs else 1.0
-        loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, rate=args.mask_rate, hub_weight=args.hub_penalty, targets=args.targets,
-                                     tag_index=tag_index)
+        warm = epoch < args.uniform_epochs
+        if dmv:
+            loss, skipped = train_dmv_epoch(model, train, tag_index, optimizer, rng, harmonic=1.0 if warm else 0.0), 0
+        else:
+            model.arc_scale = 0.0 if warm else 1.0
+            loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, rate=args.mask_rate, hub_weight=args.hub_penalty,
+                                        targets=args.targets, tag_index=tag_index)
         curve.append({"epoch": epoch + 1, "cloze_loss": loss, "skipped_batches": skipped, "seconds": time.perf_counter() - start})
         bar.set_postfix(loss=f"{loss:.3f}")
     train_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
-    induced = induced_trees(model, shown, index, tag_index=tag_index)
+    induced = {"dmv": parses(model, shown, tag_index)} if dmv else induced_trees(model, shown, index, tag_index=tag_index)
     restored = {k: [with_punctuation(s, h) for s, h in zip(test, v)] for k, v in induced.items()} if args.drop_punct else induced
     trees = {"gold": [list(s.heads) for s in test], **restored, **chain_trees(test)}
     induce_seconds = time.perf_counter() - start
@@ -520,10 +513,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
 
 @torch.no_grad()
-def draw(model: ClozeModel, sentences: Sequence[Sentence], index: dict[str, int], trees: dict[str, list[list[int]]],
+def draw(model: ClozeModel | DMV, sentences: Sequence[Sentence], index: dict[str, int], trees: dict[str, list[list[int]]],
          out: Path, name: str, shortest: int = 8, longest: int = 14, tag_index: dict[str, int] | None = None) -> None:
     """Arc diagrams (gold, induced, baselines) of one sentence, the depth histograms of every tree
-    kind, and the heatmap of the layer's arc marginals on the plain sentence."""
+    kind, and the heatmap of the layer's (or the DMV's) arc marginals on the plain sentence."""
     import matplotlib.pyplot as plt
 
     from .arcs import draw_marginals, draw_trees
@@ -532,9 +525,10 @@ def draw(model: ClozeModel, sentences: Sequence[Sentence], index: dict[str, int]
     s = sentences[i]
     draw_trees(s.words, {k: v[i] for k, v in trees.items()}, out / f"{name}_trees.png", title=f"{s.sent_id} (red: arcs not in gold)")
     words, lengths = encode([s], index)
-    _, att = model(words, lengths, encode([s], tag_index, field="upos")[0] if tag_index else None)
-    draw_marginals(s.words, att.attention[0, :s.n + 1, :s.n + 1].tolist(), out / f"{name}_marginals.png", gold=list(s.heads),
-                   title="structured attention: arc marginals (plain sentence)")
+    tags = encode([s], tag_index, field="upos")[0] if tag_index else None
+    marginals = model.crf(tags, lengths)[0].marginals if isinstance(model, DMV) else model(words, lengths, tags)[1].attention
+    draw_marginals(s.words, marginals[0, :s.n + 1, :s.n + 1].tolist(), out / f"{name}_marginals.png", gold=list(s.heads),
+                   title="arc marginals (plain sentence)")
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for k, v in trees.items():
         stats = TreeStatistics()
