@@ -6,7 +6,7 @@ import torch
 
 from brute import projective_trees
 from structures.experiments import default_data_dir, induce
-from structures.experiments.dmv import DMV, parses
+from structures.experiments.dmv import DMV, fit, parses
 from structures.experiments.ud import Sentence
 
 DATA = default_data_dir()
@@ -74,11 +74,12 @@ def test_the_harmonic_bias_favours_short_arcs():
 
 
 @pytest.mark.skipif(not (DATA / "ud").exists(), reason="shared UD data not available")
-def test_quick_command_dmv(tmp_path):
+def test_quick_command_dmv_with_restarts_and_the_layer_it_teaches(tmp_path):
     rows = induce.main(["--quick", "--max-sentences", "20", "--objective", "dmv", "--values", "upos", "--uniform-epochs", "1",
-                        "--drop-punct", "--out", str(tmp_path)])
-    assert [r["trees"] for r in rows] == ["gold", "dmv", "right-branching", "left-branching"]
-    assert (tmp_path / "en_bilinear_dmv_upos_nopunct_uniform1.csv").stat().st_size > 0
+                        "--drop-punct", "--restarts", "2", "--student-epochs", "1", "--out", str(tmp_path)])
+    assert [r["trees"] for r in rows] == ["gold", "dmv", "layer", "right-branching", "left-branching"]
+    assert rows[0]["seed"] in (0, 1) and rows[0]["restarts"] == 2
+    assert (tmp_path / "en_bilinear_dmv_upos_nopunct_uniform1_student1_restarts2.csv").stat().st_size > 0
     with pytest.raises(SystemExit):
         induce.main(["--quick", "--objective", "dmv", "--out", str(tmp_path)])
 
@@ -89,3 +90,12 @@ def test_parses_are_single_rooted_projective_trees():
     tag_index = induce.word_index(sentences, min_count=1, field="upos")
     heads = parses(DMV(len(tag_index)), sentences, tag_index)[0]
     assert len(heads) == 5 and heads.count(0) == 1
+
+
+def test_restarts_keep_the_highest_likelihood():
+    sentences = [Sentence(None, tuple("abcde"), ("DET", "NOUN", "VERB", "DET", "NOUN"), (2, 3, 0, 5, 3), ("dep",) * 5),
+                 Sentence(None, tuple("abc"), ("NOUN", "VERB", "ADV"), (2, 0, 2), ("dep",) * 3)]
+    tag_index = induce.word_index(sentences, min_count=1, field="upos")
+    finals = {seed: fit(sentences, tag_index, epochs=2, seeds=[seed])[1][-1] for seed in (0, 1, 2)}
+    model, curve, seed = fit(sentences, tag_index, epochs=2, seeds=[0, 1, 2])
+    assert seed == min(finals, key=finals.get) and curve[-1] == pytest.approx(finals[seed])

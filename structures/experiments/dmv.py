@@ -27,6 +27,7 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from structures import SecondOrderDependencyCRF
 
@@ -97,6 +98,24 @@ def train_epoch(model: DMV, sentences: Sequence[Sentence], tag_index: dict[str, 
         total += float(loss.detach()) * int(lengths.sum())
         count += int(lengths.sum())
     return total / max(count, 1)
+
+
+def fit(sentences: Sequence[Sentence], tag_index: dict[str, int], epochs: int, warm_epochs: int = 0, lr: float = 0.01,
+        weight_decay: float = 0.01, seeds: Sequence[int] = (0,)) -> tuple[DMV, list[float], int]:
+    """A DMV trained from each seed (AdamW; the first ``warm_epochs`` with the harmonic bias), the
+    one with the highest likelihood (lowest final loss) kept: ``(model, its loss per epoch, its seed)``.
+    The DMV's likelihood has many local optima, some of them near a chain: restarts chosen by
+    likelihood, as EM's usually are, need no gold tree."""
+    best = None
+    for seed in seeds:
+        torch.manual_seed(seed)
+        model, rng = DMV(len(tag_index)), random.Random(seed)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        curve = [train_epoch(model, sentences, tag_index, optimizer, rng, harmonic=1.0 if epoch < warm_epochs else 0.0)
+                 for epoch in tqdm(range(epochs), desc=f"dmv seed {seed}")]
+        if best is None or curve[-1] < best[1][-1]:
+            best = (model, curve, seed)
+    return best
 
 
 @torch.no_grad()

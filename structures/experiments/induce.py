@@ -52,7 +52,7 @@ from .parse import length_groups, markdown_table
 from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu
 from .dmv import DMV, parses
-from .dmv import train_epoch as train_dmv_epoch
+from .dmv import fit as fit_dmv
 from .vocabulary import MASK, PAD, UNK, encode, word_index
 
 LANGUAGES = {  # (training text files, evaluation file with gold trees), under <data-dir>/ud
@@ -332,6 +332,32 @@ def induced_trees(model: ClozeModel, sentences: Sequence[Sentence], index: dict[
     return out
 
 
+def distill_epoch(student: ClozeModel, teacher: DMV, sentences: Sequence[Sentence], index: dict[str, int],
+                  tag_index: dict[str, int], optimizer: torch.optim.Optimizer, rng: random.Random,
+                  tokens_per_batch: int = 800) -> float:
+    """One pass teaching the layer's distribution over the trees of the *words* the DMV's posterior
+    over the trees of their *tags*: the cross-entropy ``E_{t ~ DMV(t | tags)}[-log p_layer(t | words)]
+    = log Z(theta) - sum_{h,m} mu_DMV[h, m] theta[h, m]`` (the layer is edge-factored), per word,
+    with the layer's arc scores ``theta`` from one pass over the plain sentence. Returns its mean."""
+    student.train()
+    total, count = 0.0, 0
+    for group in length_groups(sentences, tokens_per_batch, rng):
+        batch = [sentences[i] for i in group]
+        words, lengths = encode(batch, index)
+        with torch.no_grad():
+            target = teacher.crf(encode(batch, tag_index, field="upos")[0], lengths)[0].marginals
+        theta = student.tree_scores(words, lengths, masked=False)
+        layer = student.attention.structure(theta, lengths, student.attention.single_root)
+        loss = (layer.log_partition - (target * theta).sum((-2, -1))).sum() / lengths.sum()
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(student.parameters(), 5.0)
+        optimizer.step()
+        total += float(loss.detach()) * int(lengths.sum())
+        count += int(lengths.sum())
+    return total / max(count, 1)
+
+
 def without_punctuation(s: Sentence) -> Sentence:
     """``s`` without its punctuation (gold UPOS ``PUNCT``), as grammar induction reads text (Klein &
     Manning 2004); in its gold tree a punctuation head is replaced by its nearest other ancestor."""
@@ -420,6 +446,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                         "dmv: with a bias of -log|h - m| on every arc (toward short arcs, as Klein & Manning's harmonic start)")
     p.add_argument("--hub-penalty", type=float, default=0.0,
                    help="weight of the penalty on the squared expected number of children per word (see hub_penalty)")
+    p.add_argument("--restarts", type=int, default=1,
+                   help="dmv: train from seeds --seed .. --seed + restarts - 1 and keep the highest likelihood (no gold tree needed)")
+    p.add_argument("--student-epochs", type=int, default=0,
+                   help="dmv: then teach StructuredSelfAttention over the words (a BiLSTM, no tags) the DMV's posterior trees "
+                        "for this many epochs, and read its trees too (`layer`)")
     p.add_argument("--drop-punct", action="store_true",
                    help="the model reads the sentences without punctuation (gold UPOS); each mark is attached to the word before it")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -434,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         p.error(f"--targets all or each, --values upos: only with --objective {' or '.join(HEAD_OBJECTIVES)} (the other contexts would leak the word)")
     if dmv and args.values != "upos":
         p.error("--objective dmv: a model of POS tags, needs --values upos")
+    if args.student_epochs and not dmv:
+        p.error("--student-epochs: only with --objective dmv (the DMV is the teacher)")
     if args.quick:
         args.max_sentences = args.max_sentences or 40
         args.epochs = 1
@@ -451,9 +484,6 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         raise SystemExit("induce --drop-punct: an evaluation sentence is all punctuation")
     index = word_index(train)
     tag_index = word_index(train, min_count=1, field="upos") if args.values == "upos" else None
-    model = DMV(len(tag_index)) if dmv else ClozeModel(len(index), scores=args.scores, objective=args.objective, adjacency=args.adjacency,
-                                                       tags=len(tag_index) if tag_index else 0, structure=args.structure, encoder=args.encoder)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     rng, generator = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"{args.language}_{args.scores}"
@@ -473,29 +503,44 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         name += "_nopunct"
     if args.uniform_epochs:
         name += f"_uniform{args.uniform_epochs}"
+    if args.student_epochs:
+        name += f"_student{args.student_epochs}"
+    if args.restarts > 1:
+        name += f"_restarts{args.restarts}"
     if args.adjacency:
         name += "_adjacency"
     start = time.perf_counter()
-    curve = []
-    for epoch in (bar := tqdm(range(args.epochs), desc=f"induce {args.language}")):
-        warm = epoch < args.uniform_epochs
-        if dmv:
-            loss, skipped = train_dmv_epoch(model, train, tag_index, optimizer, rng, harmonic=1.0 if warm else 0.0), 0
-        else:
-            model.arc_scale = 0.0 if warm else 1.0
+    if dmv:
+        model, losses, args.seed = fit_dmv(train, tag_index, args.epochs, args.uniform_epochs, args.lr, args.weight_decay,
+                                           range(args.seed, args.seed + args.restarts))
+        curve = [{"epoch": e + 1, "cloze_loss": loss, "skipped_batches": 0, "seconds": None} for e, loss in enumerate(losses)]
+    else:
+        model = ClozeModel(len(index), scores=args.scores, objective=args.objective, adjacency=args.adjacency,
+                           tags=len(tag_index) if tag_index else 0, structure=args.structure, encoder=args.encoder)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        curve = []
+        for epoch in (bar := tqdm(range(args.epochs), desc=f"induce {args.language}")):
+            model.arc_scale = 0.0 if epoch < args.uniform_epochs else 1.0
             loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, rate=args.mask_rate, hub_weight=args.hub_penalty,
                                         targets=args.targets, tag_index=tag_index)
-        curve.append({"epoch": epoch + 1, "cloze_loss": loss, "skipped_batches": skipped, "seconds": time.perf_counter() - start})
-        bar.set_postfix(loss=f"{loss:.3f}")
+            curve.append({"epoch": epoch + 1, "cloze_loss": loss, "skipped_batches": skipped, "seconds": time.perf_counter() - start})
+            bar.set_postfix(loss=f"{loss:.3f}")
     train_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
     induced = {"dmv": parses(model, shown, tag_index)} if dmv else induced_trees(model, shown, index, tag_index=tag_index)
+    if args.student_epochs:  # the layer taught by the DMV: its trees from one pass over the words (no tags)
+        student = ClozeModel(len(index), objective="parent", structure=args.structure)
+        student_optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, weight_decay=args.weight_decay)
+        for epoch in tqdm(range(args.student_epochs), desc="student"):
+            loss = distill_epoch(student, model, train, index, tag_index, student_optimizer, rng)
+            curve.append({"epoch": args.epochs + epoch + 1, "cloze_loss": loss, "skipped_batches": 0, "seconds": time.perf_counter() - start})
+        induced["layer"] = induced_trees(student, shown, index)["unmasked"]
     restored = {k: [with_punctuation(s, h) for s, h in zip(test, v)] for k, v in induced.items()} if args.drop_punct else induced
     trees = {"gold": [list(s.heads) for s in test], **restored, **chain_trees(test)}
     induce_seconds = time.perf_counter() - start
     wall = time.perf_counter() - wall
-    rows = [{"language": args.language, "objective": args.objective, "targets": args.targets, "mask_rate": args.mask_rate, "values": args.values, "structure": args.structure, "encoder": args.encoder, "drop_punct": args.drop_punct, "hub_penalty": args.hub_penalty, "uniform_epochs": args.uniform_epochs, "adjacency": args.adjacency, "trees": k,
+    rows = [{"language": args.language, "objective": args.objective, "targets": args.targets, "mask_rate": args.mask_rate, "values": args.values, "structure": args.structure, "encoder": args.encoder, "drop_punct": args.drop_punct, "student_epochs": args.student_epochs, "restarts": args.restarts, "hub_penalty": args.hub_penalty, "uniform_epochs": args.uniform_epochs, "adjacency": args.adjacency, "trees": k,
              "epochs": args.epochs, "seed": args.seed, "train_sentences": len(train),
              "eval_sentences": len(test), **score_trees(test, v), "final_cloze_loss": curve[-1]["cloze_loss"],
              "skipped_batches": sum(c["skipped_batches"] for c in curve),
