@@ -23,7 +23,7 @@ grammar induction since Klein & Manning.
 from __future__ import annotations
 
 import random
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -83,21 +83,29 @@ class DMV(nn.Module):
         return -(crf.log_partition + constant).sum() / lengths.sum()
 
 
-def train_epoch(model: DMV, sentences: Sequence[Sentence], tag_index: dict[str, int], optimizer: torch.optim.Optimizer,
-                rng: random.Random, harmonic: float = 0.0, tokens_per_batch: int = 800) -> float:
-    """One pass over the sentences; the mean negative log-likelihood per tag."""
+def run_epoch(model: nn.Module, sentences: Sequence[Sentence], loss_of: Callable[[list[Sentence]], Tensor],
+              optimizer: torch.optim.Optimizer, rng: random.Random, tokens_per_batch: int = 800) -> float:
+    """One pass over batches of sentences of similar lengths: ``loss_of(batch)`` (a mean per word),
+    a step with the gradient clipped to norm 5; returns the mean loss per word."""
     model.train()
     total, count = 0.0, 0
     for group in length_groups(sentences, tokens_per_batch, rng):
-        tags, lengths = encode([sentences[i] for i in group], tag_index, field="upos")
-        loss = model.loss(tags, lengths, harmonic)
+        batch = [sentences[i] for i in group]
+        loss = loss_of(batch)
         optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 5.0)
         optimizer.step()
-        total += float(loss.detach()) * int(lengths.sum())
-        count += int(lengths.sum())
+        words = sum(s.n for s in batch)
+        total += float(loss.detach()) * words
+        count += words
     return total / max(count, 1)
+
+
+def train_epoch(model: DMV, sentences: Sequence[Sentence], tag_index: dict[str, int], optimizer: torch.optim.Optimizer,
+                rng: random.Random, harmonic: float = 0.0) -> float:
+    """One pass over the sentences; the mean negative log-likelihood per tag."""
+    return run_epoch(model, sentences, lambda batch: model.loss(*encode(batch, tag_index, field="upos"), harmonic), optimizer, rng)
 
 
 def fit(sentences: Sequence[Sentence], tag_index: dict[str, int], epochs: int, warm_epochs: int = 0, lr: float = 0.01,

@@ -60,7 +60,7 @@ from .attachment import Attachment, TreeStatistics
 from .parse import length_groups, markdown_table
 from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu
-from .dmv import DMV, parses
+from .dmv import DMV, parses, run_epoch
 from .dmv import fit as fit_dmv
 from .vocabulary import MASK, PAD, UNK, encode, word_index
 
@@ -348,23 +348,16 @@ def distill_epoch(student: ClozeModel, teacher: DMV, sentences: Sequence[Sentenc
     over the trees of their *tags*: the cross-entropy ``E_{t ~ DMV(t | tags)}[-log p_layer(t | words)]
     = log Z(theta) - sum_{h,m} mu_DMV[h, m] theta[h, m]`` (the layer is edge-factored), per word,
     with the layer's arc scores ``theta`` from one pass over the plain sentence. Returns its mean."""
-    student.train()
-    total, count = 0.0, 0
-    for group in length_groups(sentences, tokens_per_batch, rng):
-        batch = [sentences[i] for i in group]
+
+    def loss_of(batch: list[Sentence]) -> Tensor:
         words, lengths = encode(batch, index)
         with torch.no_grad():
             target = teacher.crf(encode(batch, tag_index, field="upos")[0], lengths)[0].marginals
         theta = student.tree_scores(words, lengths, masked=False)
         layer = student.attention.structure(theta, lengths, student.attention.single_root)
-        loss = (layer.log_partition - (target * theta).sum((-2, -1))).sum() / lengths.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(student.parameters(), 5.0)
-        optimizer.step()
-        total += float(loss.detach()) * int(lengths.sum())
-        count += int(lengths.sum())
-    return total / max(count, 1)
+        return (layer.log_partition - (target * theta).sum((-2, -1))).sum() / lengths.sum()
+
+    return run_epoch(student, sentences, loss_of, optimizer, rng, tokens_per_batch)
 
 
 def without_punctuation(s: Sentence) -> Sentence:
