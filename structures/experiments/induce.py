@@ -38,7 +38,7 @@ chain baselines (``right-branching``: every word headed by the word before it;
 
     python -m structures.experiments.induce --language en --epochs 10
     python -m structures.experiments.induce --objective dmv --values upos --uniform-epochs 2 --drop-punct \
-        --lr 0.01 --epochs 12 --restarts 5 --student-epochs 6
+        --lr 0.01 --epochs 12 --restarts 10 --student-epochs 6
 """
 
 from __future__ import annotations
