@@ -234,7 +234,7 @@ class ClozeModel(nn.Module):
         sentence with that word masked (:meth:`masked_arc_scores`)."""
         masked_tags = None if tags is None else tags.masked_fill(masked == MASK, MASK)
         targets = words if tags is None else tags
-        if each or self.distance is not None:
+        if each or self.encoder != "bilstm":
             prior = self.attention.structure(self.tree_scores(masked, lengths, masked_tags, masked=each), lengths, self.attention.single_root)
         else:
             logits, out = self(masked, lengths, masked_tags)
@@ -575,7 +575,9 @@ def draw(model: ClozeModel | DMV, sentences: Sequence[Sentence], index: dict[str
     draw_trees(s.words, {k: v[i] for k, v in trees.items()}, out / f"{name}_trees.png", title=f"{s.sent_id} (red: arcs not in gold)")
     words, lengths = encode([s], index)
     tags = encode([s], tag_index, field="upos")[0] if tag_index else None
-    marginals = model.crf(tags, lengths)[0].marginals if isinstance(model, DMV) else model(words, lengths, tags)[1].attention
+    layer = model.crf(tags, lengths)[0] if isinstance(model, DMV) else \
+        model.attention.structure(model.tree_scores(words, lengths, tags, masked=False), lengths, model.attention.single_root)
+    marginals = layer.marginals
     draw_marginals(s.words, marginals[0, :s.n + 1, :s.n + 1].tolist(), out / f"{name}_marginals.png", gold=list(s.heads),
                    title="arc marginals (plain sentence)")
     fig, ax = plt.subplots(figsize=(6, 3.2))
