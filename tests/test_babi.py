@@ -81,12 +81,23 @@ def test_random_noise_is_used_in_training_only(task2):
 
 @needs_data
 def test_select_epoch_keeps_the_best_validation_epoch(task2):
-    config = babi.RunConfig(epochs=4, linear_start=1, select_epoch=True)
+    config = babi.RunConfig(epochs=4, linear_start=1, select_epoch="softmax")
     model, result = babi.train_run("memn2n", task2, 0, config)
-    assert 2 <= result["epoch"] <= 4  # after the linear start
+    assert 2 <= result["epoch"] <= 4 and not result["linear"]  # after the linear start
     assert babi.evaluate(model, task2.valid)["answer"] == result["valid_answer"]
     last = babi.train_run("memn2n", task2, 0, babi.RunConfig(epochs=result["epoch"], linear_start=1))[1]
     assert last["valid_answer"] == result["valid_answer"] and last["test_answer"] == result["test_answer"]
+
+
+@needs_data
+def test_select_epoch_any_may_keep_a_linear_start_model_linear(task2):
+    """Kim et al.'s code keeps its best held-out model from the first epoch on, linear start included."""
+    config = babi.RunConfig(epochs=3, linear_start=3, select_epoch="any")
+    model, result = babi.train_run("binary", task2, 0, config)
+    assert result["linear"] and model.linear and result["epoch"] <= 3
+    assert babi.evaluate(model, task2.valid)["answer"] == result["valid_answer"]
+    with pytest.raises(ValueError, match="select_epoch"):
+        babi.train_run("binary", task2, 0, babi.RunConfig(epochs=1, select_epoch="best"))
 
 
 @needs_data

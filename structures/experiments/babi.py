@@ -272,36 +272,41 @@ class RunConfig:
     dim: int = 20
     link: str = "outputs"
     random_noise: float = 0.0
-    select_epoch: bool = False
+    select_epoch: str = "last"  # "last", "softmax" (the best epoch after the linear start) or "any"
 
 
 def train_run(kind: str, task: Task, seed: int, config: RunConfig) -> tuple[BabiModel, dict]:
     """Train one model from seed ``seed``; return it and its validation/test metrics, wall time
-    and the 1-minute load average at its end (the machine is shared). With ``config.select_epoch``
-    the model returned is the one after the epoch with the best validation answer accuracy (the
-    first of equals; epochs after the linear start only), as Kim et al.'s code keeps its best
-    held-out model; ``epoch`` (1-based) says which."""
+    and the 1-minute load average at its end (the machine is shared). ``config.select_epoch``
+    ``"last"`` returns the model after the last epoch; ``"softmax"`` the one after the epoch with
+    the best validation answer accuracy (the first of equals) among the epochs after the linear
+    start; ``"any"`` among all epochs, a linear-start model kept linear, as Kim et al.'s
+    ``train-qa.lua`` keeps its best held-out model from the first epoch on. ``epoch`` (1-based)
+    says which, ``linear`` whether it is a linear-start model."""
     start = time.perf_counter()
     torch.manual_seed(seed)
     model = build_model(kind, task, dim=config.dim, link=config.link, random_noise=config.random_noise)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(seed)
-    best: tuple[float, int, dict] | None = None  # (valid answer %, epoch, state) with select_epoch
+    if config.select_epoch not in ("last", "softmax", "any"):
+        raise ValueError(f"select_epoch: expected 'last', 'softmax' or 'any', got {config.select_epoch!r}")
+    best: tuple[float, int, bool, dict] | None = None  # (valid answer %, epoch, linear, state)
     for epoch in range(config.epochs):
         model.linear = epoch < config.linear_start
         for group in optimizer.param_groups:
             group["lr"] = config.lr / 2 ** (epoch // config.decay_every)
         train_loss = train_epoch(model, task.train, optimizer, config.batch_size, generator=generator)
-        if config.select_epoch and not model.linear:
+        if config.select_epoch == "any" or (config.select_epoch == "softmax" and not model.linear):
             score = evaluate(model, task.valid)["answer"]
             if best is None or score > best[0]:
-                best = (score, epoch + 1, copy.deepcopy(model.state_dict()))
-    model.linear = False
+                best = (score, epoch + 1, model.linear, copy.deepcopy(model.state_dict()))
+    model.linear = best is not None and best[2]
     if best is not None:
-        model.load_state_dict(best[2])
+        model.load_state_dict(best[3])
     valid, test = evaluate(model, task.valid), evaluate(model, task.test)
     result = {"seed": seed, "train_loss": train_loss, "valid_answer": valid["answer"], "valid_loss": valid["loss"],
               "test_answer": test["answer"], "test_fact": test["fact"], "epoch": best[1] if best else config.epochs,
+              "linear": model.linear,
               "seconds": time.perf_counter() - start,
               "load": os.getloadavg()[0]}
     if not math.isfinite(train_loss):
@@ -449,7 +454,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--tasks", type=int, nargs="+", default=list(DEFAULT_TASKS))
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--linear-start", type=int, default=20, help="epochs without softmax (MemN2N) / log_softmax (CRFs)")
+    parser.add_argument("--linear-start", type=int, default=20,
+                        help="epochs of linear start: MemN2N without softmax, the CRFs' greedy linear hops")
     parser.add_argument("--decay-every", type=int, default=25, help="epochs between halvings of the learning rate")
     parser.add_argument("--link", choices=("outputs", "inputs"), default="outputs",
                         help="the binary CRF's link between hops: o^k_i . x^{k+1}_j (default) or A.4's printed x^k_i . x^{k+1}_j")
@@ -458,8 +464,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                              "or a seeded random 10%% (before 2026-11-26; shares stories, even identical questions, with training)")
     parser.add_argument("--random-noise", type=float, default=0.0, metavar="FRACTION",
                         help="Sukhbaatar et al.'s random noise while training: up to FRACTION x n empty memories among n (reference: 0.1)")
-    parser.add_argument("--select-epoch", action="store_true",
-                        help="keep each run's model after its best epoch on validation (Kim et al.'s code), not the last")
+    parser.add_argument("--select-epoch", nargs="?", choices=("last", "softmax", "any"), default="last", const="softmax",
+                        help="keep each run's model after its best epoch on validation: among the epochs after the linear start "
+                             "(softmax, the default without a value) or all of them, a linear-start model kept linear (any: "
+                             "Kim et al.'s code); default: the last epoch")
     parser.add_argument("--runs", type=int, default=1, help="initializations per task and model; the best on validation is reported")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="one task, 200 questions, 3 epochs (seconds)")
