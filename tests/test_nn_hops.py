@@ -66,14 +66,14 @@ def test_context_is_the_expected_output_embedding_under_the_hop_marginals():
     torch.testing.assert_close(out.context, torch.einsum("bkf,bkfd->bd", out.attention, outputs))
 
 
-@pytest.mark.parametrize("link", ["inputs", "outputs"])
+@pytest.mark.parametrize("link", ["inputs", "outputs", "both"])
 def test_binary_marginals_are_those_of_the_papers_chain_by_enumeration(link):
     """p(z) ∝ exp Σ_k θ_{k,k+1}(z_k, z_{k+1}) with θ from A.4 (log_softmax query scores), no repeats;
-    the link term x^k_i · x^{k+1}_j (A.4) or o^k_i · x^{k+1}_j."""
+    the link term x^k_i · x^{k+1}_j (A.4), o^k_i · x^{k+1}_j or their sum."""
     inputs, outputs, queries = facts(batch=1, dtype=torch.float64)
     out = HopAttention("binary", link=link)(inputs, outputs, queries)
     s = torch.log_softmax(torch.einsum("kfd,kd->kf", inputs[0], queries[0]), -1)
-    source = inputs if link == "inputs" else outputs
+    source = {"inputs": inputs, "outputs": outputs, "both": inputs + outputs}[link]
     weights = torch.zeros(K, F, dtype=torch.float64)
     total = 0.0
     for z in itertools.product(range(F), repeat=K):

@@ -457,8 +457,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--linear-start", type=int, default=20,
                         help="epochs of linear start: MemN2N without softmax, the CRFs' greedy linear hops")
     parser.add_argument("--decay-every", type=int, default=25, help="epochs between halvings of the learning rate")
-    parser.add_argument("--link", choices=("outputs", "inputs"), default="outputs",
-                        help="the binary CRF's link between hops: o^k_i . x^{k+1}_j (default) or A.4's printed x^k_i . x^{k+1}_j")
+    parser.add_argument("--link", choices=("outputs", "inputs", "both"), default="outputs",
+                        help="the binary CRF's link between hops: o^k_i . x^{k+1}_j (default), A.4's printed x^k_i . x^{k+1}_j, "
+                             "or their sum")
     parser.add_argument("--split", choices=("last", "random"), default="last",
                         help="validation questions: the training file's last 10%% (default; Sukhbaatar et al.'s and Kim et al.'s code) "
                              "or a seeded random 10%% (before 2026-11-26; shares stories, even identical questions, with training)")

@@ -10,8 +10,8 @@ context ``c = Σ_k Σ_i w_{k,i} o^k_i`` with the weights ``w [B, K, F]`` they ch
   over the F facts (:class:`structures.HopChainCRF`), with unary potentials
   ``θ_k(i) = x^k_i · q^k`` or pairwise ones
   ``θ_{k,k+1}(i, j) = x^k_i · q^k + l_k(i, j) + x^{k+1}_j · q^{k+1}`` whose link term is A.4's
-  ``l_k(i, j) = x^k_i · x^{k+1}_j`` (``link="inputs"``) or ``o^k_i · x^{k+1}_j`` (``link="outputs"``,
-  the product MemN2N's next hop takes); the queries ``q^k`` of every hop are given (the paper uses
+  ``l_k(i, j) = x^k_i · x^{k+1}_j`` (``link="inputs"``), ``o^k_i · x^{k+1}_j`` (``link="outputs"``,
+  the product MemN2N's next hop takes) or their sum (``link="both"``); the queries ``q^k`` of every hop are given (the paper uses
   ``q^{k+1} = Q q^k``).
 
 Shapes (batch first): ``inputs [B, K, F, D]`` (``x^k_i``), ``outputs [B, K, F, D]`` (``o^k_i``),
@@ -39,6 +39,9 @@ from torch import Tensor, nn
 from ..hops import HopChainCRF
 from .attention import _shape, check_lengths, position_mask, zero_padding
 from .output import AttentionOutput
+
+
+LINKS = ("inputs", "outputs", "both")
 
 
 def _check_facts(inputs: Tensor, outputs: Tensor, lengths: Tensor | None,
@@ -117,7 +120,7 @@ class HopAttention(nn.Module):
     the link ``l_k(i, j)`` is ``x^k_i · x^{k+1}_j`` (``link="inputs"``, A.4 as printed) or
     ``o^k_i · x^{k+1}_j`` (``link="outputs"``: under adjacent weight tying ``o^k`` and ``x^{k+1}``
     share one embedding, so a fact is most similar to itself and its kin from the start, as in
-    MemN2N's ``x^{k+1}_j · (q^k + o^k)``).
+    MemN2N's ``x^{k+1}_j · (q^k + o^k)``) or ``(x^k_i + o^k_i) · x^{k+1}_j`` (``link="both"``).
 
     ``forward(inputs [B, K, F, D], outputs [B, K, F, D], queries [B, K, D], lengths [B])`` returns
     ``context [B, D] = Σ_k Σ_i p(z_k = i) o^k_i``, ``attention = p(z_k = i) [B, K, F]`` and the
@@ -130,8 +133,8 @@ class HopAttention(nn.Module):
         super().__init__()
         if kind not in ("unary", "binary"):
             raise ValueError(f"kind: expected 'unary' or 'binary', got {kind!r}")
-        if link not in ("inputs", "outputs"):
-            raise ValueError(f"link: expected 'inputs' or 'outputs', got {link!r}")
+        if link not in LINKS:
+            raise ValueError(f"link: expected one of {LINKS}, got {link!r}")
         self.kind, self.link = kind, link
         self.no_repeat = kind == "binary" if no_repeat is None else no_repeat
         self.linear = linear
@@ -150,7 +153,7 @@ class HopAttention(nn.Module):
         scores = (inputs @ queries.unsqueeze(-1)).squeeze(-1)  # [B, K, F]
         links = None
         if self.kind == "binary":
-            source = inputs if self.link == "inputs" else outputs
+            source = {"inputs": inputs, "outputs": outputs, "both": inputs + outputs}[self.link]
             links = source[:, :-1] @ inputs[:, 1:].transpose(-1, -2)  # [B, K-1, F, F]: l_k(i, j)
         if self.linear:
             weights = _linear_weights(scores * mask.unsqueeze(1), links, self.no_repeat)
