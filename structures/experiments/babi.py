@@ -262,6 +262,9 @@ def evaluate(model: BabiModel, data: Batch, batch_size: int = 256) -> dict[str, 
     return {"loss": loss / n, "answer": 100 * answer / n, "fact": 100 * fact / n}
 
 
+SELECT_EPOCH = ("last", "softmax", "any")
+
+
 @dataclass
 class RunConfig:
     epochs: int = 100
@@ -272,7 +275,7 @@ class RunConfig:
     dim: int = 20
     link: str = "outputs"
     random_noise: float = 0.0
-    select_epoch: str = "last"  # "last", "softmax" (the best epoch after the linear start) or "any"
+    select_epoch: str = "last"  # one of SELECT_EPOCH: the last epoch, the best after the linear start, the best of all
 
 
 def train_run(kind: str, task: Task, seed: int, config: RunConfig) -> tuple[BabiModel, dict]:
@@ -283,13 +286,13 @@ def train_run(kind: str, task: Task, seed: int, config: RunConfig) -> tuple[Babi
     start; ``"any"`` among all epochs, a linear-start model kept linear, as Kim et al.'s
     ``train-qa.lua`` keeps its best held-out model from the first epoch on. ``epoch`` (1-based)
     says which, ``linear`` whether it is a linear-start model."""
+    if config.select_epoch not in SELECT_EPOCH:
+        raise ValueError(f"select_epoch: expected one of {SELECT_EPOCH}, got {config.select_epoch!r}")
     start = time.perf_counter()
     torch.manual_seed(seed)
     model = build_model(kind, task, dim=config.dim, link=config.link, random_noise=config.random_noise)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(seed)
-    if config.select_epoch not in ("last", "softmax", "any"):
-        raise ValueError(f"select_epoch: expected 'last', 'softmax' or 'any', got {config.select_epoch!r}")
     best: tuple[float, int, bool, dict] | None = None  # (valid answer %, epoch, linear, state)
     for epoch in range(config.epochs):
         model.linear = epoch < config.linear_start
@@ -465,7 +468,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                              "or a seeded random 10%% (before 2026-11-26; shares stories, even identical questions, with training)")
     parser.add_argument("--random-noise", type=float, default=0.0, metavar="FRACTION",
                         help="Sukhbaatar et al.'s random noise while training: up to FRACTION x n empty memories among n (reference: 0.1)")
-    parser.add_argument("--select-epoch", nargs="?", choices=("last", "softmax", "any"), default="last", const="softmax",
+    parser.add_argument("--select-epoch", nargs="?", choices=SELECT_EPOCH, default="last", const="softmax",
                         help="keep each run's model after its best epoch on validation: among the epochs after the linear start "
                              "(softmax, the default without a value) or all of them, a linear-start model kept linear (any: "
                              "Kim et al.'s code); default: the last epoch")
