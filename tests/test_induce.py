@@ -6,7 +6,7 @@ import torch
 
 from brute import dependency_trees
 from structures.experiments import default_data_dir, induce
-from structures.experiments.attachment import TreeStatistics, depths, is_tree
+from structures.experiments.attachment import TreeStatistics, chain_trees, depths, is_tree, score_trees
 from structures.experiments.ud import Sentence
 
 DATA = default_data_dir()
@@ -58,10 +58,10 @@ def test_induced_trees_are_single_rooted_trees():
 
 
 def test_chain_baselines_and_their_scores():
-    trees = induce.chain_trees(SENTENCES[:1])
+    trees = chain_trees(SENTENCES[:1])
     assert trees == {"right-branching": [[0, 1, 2]], "left-branching": [[2, 3, 0]]}
-    left = induce.score_trees(SENTENCES[:1], trees["left-branching"])
-    right = induce.score_trees(SENTENCES[:1], trees["right-branching"])
+    left = score_trees(SENTENCES[:1], trees["left-branching"])
+    right = score_trees(SENTENCES[:1], trees["right-branching"])
     assert left["directed"] == 1.0 and right["directed"] == 0.0
     assert right["undirected"] == pytest.approx(2 / 3)  # 1-2 and 2-3 are gold arcs reversed
     assert left["mean_height"] == 3 and left["adjacent_arcs"] == 1.0

@@ -56,7 +56,7 @@ from tqdm import tqdm
 from structures.distribution import StructuredDistribution
 from structures.nn import StructuredSelfAttention
 
-from .attachment import Attachment, TreeStatistics
+from .attachment import TreeStatistics, chain_trees, score_trees
 from .parse import length_groups, markdown_table
 from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu
@@ -389,32 +389,6 @@ def with_punctuation(s: Sentence, heads: Sequence[int]) -> list[int]:
             before = [k for k in keep if k < m]
             out[m - 1] = before[-1] if before else keep[0] if keep else (m + 1 if m < s.n else 0)
     return out
-
-
-def chain_trees(sentences: Sequence[Sentence]) -> dict[str, list[list[int]]]:
-    """``right-branching``: word m headed by word m-1 (word 1 the root's child);
-    ``left-branching``: word m headed by word m+1 (the last word the root's child)."""
-    return {"right-branching": [list(range(s.n)) for s in sentences],
-            "left-branching": [[m + 1 for m in range(1, s.n)] + [0] for s in sentences]}
-
-
-def score_trees(sentences: Sequence[Sentence], trees: Sequence[Sequence[int]]) -> dict[str, float]:
-    """Directed and undirected attachment accuracy, with and without punctuation (``_no_punct``:
-    over the words whose gold UPOS is not PUNCT, as Bisk & Tran's Table 3), tree statistics, and
-    ``same_upos_no_punct``: the share of those words whose head has their own gold UPOS."""
-    a, stats = Attachment(), TreeStatistics()
-    undirected, same, words = 0, 0, 0
-    for s, heads in zip(sentences, trees):
-        a.add(s.heads, heads, s.upos)
-        stats.add(heads)
-        gold = {frozenset((h, m)) for m, h in enumerate(s.heads, 1)}
-        for m, (h, pos) in enumerate(zip(heads, s.upos), 1):
-            if pos != "PUNCT":
-                words += 1
-                undirected += frozenset((h, m)) in gold
-                same += h > 0 and s.upos[h - 1] == pos
-    return {"directed": a.uas, "directed_no_punct": a.uas_no_punct, "undirected": a.undirected_accuracy,
-            "undirected_no_punct": undirected / max(words, 1), "same_upos_no_punct": same / max(words, 1), **stats.summary()}
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
