@@ -213,3 +213,18 @@ def test_options_that_cannot_run_are_refused_before_any_training(capsys):
     with pytest.raises(SystemExit):
         babi.main(["--tasks", "1", "2", "--models", "memn2n", "binary", "--data-dir", "/nonexistent"])
     assert "the binary hop chain needs K >= 2 hops; tasks [1]" in capsys.readouterr().err
+
+
+@needs_data
+def test_the_command_line_schedule_reaches_every_run(monkeypatch, tmp_path):
+    seen = []
+
+    def stop(kind, task, seed, config):
+        seen.append(config)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(babi, "train_run", stop)
+    with pytest.raises(KeyboardInterrupt):
+        babi.main(["--quick", "--models", "binary", "--batch-size", "1", "--random-noise", "0.1", "--select-epoch", "any",
+                   "--link", "both", "--out", str(tmp_path)])
+    assert seen == [babi.RunConfig(epochs=3, linear_start=1, batch_size=1, random_noise=0.1, select_epoch="any", link="both")]

@@ -472,6 +472,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="keep each run's model after its best epoch on validation: among the epochs after the linear start "
                              "(softmax, the default without a value) or all of them, a linear-start model kept linear (any: "
                              "Kim et al.'s code); default: the last epoch")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="questions per SGD step, loss summed (32: A.4 and Sukhbaatar et al.; 1: Kim et al.'s train-qa.lua)")
     parser.add_argument("--runs", type=int, default=1, help="initializations per task and model; the best on validation is reported")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="one task, 200 questions, 3 epochs (seconds)")
@@ -487,7 +489,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.quick:
         args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
     config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every, link=args.link,
-                       random_noise=args.random_noise, select_epoch=args.select_epoch)
+                       random_noise=args.random_noise, select_epoch=args.select_epoch, batch_size=args.batch_size)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m structures.experiments.babi " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     plot_kind = "binary" if "binary" in args.models else args.models[0]
