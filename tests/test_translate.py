@@ -7,6 +7,8 @@ import torch
 
 from structures.experiments import default_data_dir, translate
 from structures.experiments.attachment import is_tree
+from structures.experiments.dmv import DMV
+from structures.experiments.induce import without_punctuation
 from structures.experiments.ud import Sentence
 from structures.experiments.vocabulary import PAD, encode, word_index
 
@@ -89,3 +91,32 @@ def test_command_scores_the_source_trees_beside_the_chains(tmp_path):
     assert 0 <= kinds["induced"]["UA_p"] <= 100
     assert {p.name for p in tmp_path.iterdir()} >= {"en_de_structured_seed0.csv", "en_de_structured_seed0_curve.png",
                                                      "en_de_structured_seed0_trees.png"}
+
+
+def test_the_dmv_teacher_covers_every_word_and_puts_punctuation_where_induce_does():
+    torch.manual_seed(0)
+    sentence = Sentence(None, ("dogs", ",", "cats", "run", "."), ("NOUN", "PUNCT", "NOUN", "VERB", "PUNCT"), (4, 3, 1, 0, 4),
+                        ("dep",) * 5)
+    tag_index = word_index([sentence], min_count=1, field="upos")
+    teacher = DMV(len(tag_index))
+    full = translate.teacher_marginals(teacher, [sentence], tag_index)[0]
+    assert full.shape == (6, 6) and torch.allclose(full[:, 1:].sum(0), torch.ones(5))
+    assert full[1, 2] == 1 and full[4, 5] == 1  # each mark on the word before it
+    bare = without_punctuation(sentence)
+    mu = teacher.crf(*encode([bare], tag_index, field="upos", bucket=1))[0].marginals[0]
+    keep = [0, 1, 3, 4]
+    assert torch.allclose(full[keep][:, keep], mu)
+
+
+def test_the_tree_loss_is_stationary_at_the_layers_own_marginals():
+    torch.manual_seed(0)
+    source_index = word_index(SOURCES, min_count=1)
+    model = translate.Translator(len(source_index), 5, dim=8, dropout=0.0)
+    source, lengths = encode(SOURCES, source_index, bucket=1)
+    theta = model.tree_scores(source, lengths)
+    own = model.heads.structure(theta, lengths, True).marginals.detach()
+    model.tree_loss(source, lengths, own).backward()
+    assert model.heads.query.weight.grad.abs().max() < 1e-5
+    model.zero_grad()
+    model.tree_loss(source, lengths, torch.roll(own, 1, -1)).backward()
+    assert model.heads.query.weight.grad.abs().max() > 1e-3

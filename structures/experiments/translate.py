@@ -48,6 +48,9 @@ from structures.nn.attention import position_mask
 from . import command_line, default_data_dir
 from .attachment import chain_trees, score_trees
 from .biaffine import length_groups
+from .dmv import DMV
+from .dmv import fit as fit_dmv
+from .induce import LANGUAGES, with_punctuation, without_punctuation
 from .parse import markdown_table
 from .ud import PUD, Sentence, read_conllu
 from .vocabulary import PAD, encode, word_index
@@ -85,6 +88,28 @@ def flat_marginals(theta: Tensor, lengths: Tensor) -> Tensor:
     allowed[:, :, 0] = False
     beta = torch.softmax(theta.masked_fill(~allowed, float("-inf")), 1)
     return beta.nan_to_num(0.0)  # columns with no allowed head (the root's, padding) are 0
+
+
+@torch.no_grad()
+def teacher_marginals(teacher: DMV, sentences: Sequence[Sentence], tag_index: dict[str, int]) -> list[Tensor]:
+    """The DMV's arc marginals ``[n+1, n+1]`` over each whole sentence: the DMV reads the sentence
+    without punctuation (its gold tags), and each punctuation mark is attached with probability 1
+    where :func:`~structures.experiments.induce.with_punctuation` puts it."""
+    teacher.eval()
+    out = []
+    for s in sentences:
+        bare = without_punctuation(s)
+        if bare.n == 0:
+            raise ValueError(f"sentences: {s.sent_id} is all punctuation; the DMV has nothing to parse")
+        mu = teacher.crf(*encode([bare], tag_index, field="upos", bucket=1))[0].marginals[0]
+        keep = [0] + [m for m, pos in enumerate(s.upos, 1) if pos != "PUNCT"]
+        full = torch.zeros(s.n + 1, s.n + 1)
+        full[torch.tensor(keep).view(-1, 1), torch.tensor(keep[1:]).view(1, -1)] = mu[:, 1:]
+        for m, h in enumerate(with_punctuation(s, [0] * bare.n), 1):
+            if s.upos[m - 1] == "PUNCT":
+                full[h, m] = 1.0
+        out.append(full)
+    return out
 
 
 class Translator(nn.Module):
@@ -127,6 +152,13 @@ class Translator(nn.Module):
     def tree_scores(self, source: Tensor, lengths: Tensor) -> Tensor:
         return self.heads.arc_scores(self.encode(source, lengths)[1])
 
+    def tree_loss(self, source: Tensor, lengths: Tensor, target: Tensor) -> Tensor:
+        """The summed cross-entropy of the layer's tree distribution against arc marginals
+        ``target [B, N+1, N+1]`` (a teacher's posterior): ``log Z(θ) - Σ target ⊙ θ`` per sentence."""
+        theta = self.tree_scores(source, lengths)
+        layer = self.heads.structure(theta, lengths, True)
+        return (layer.log_partition - (target * theta).sum((-2, -1))).sum()
+
     def syntax(self, words: Tensor, lengths: Tensor) -> Tensor:
         """The syntactic annotations ``M [B, N, dim]``: each word's soft parent's value vector,
         scores and values from ``words`` (the head selection's input)."""
@@ -159,9 +191,10 @@ class Translator(nn.Module):
 
 def train_epoch(model: Translator, pairs: Sequence[tuple[Sentence, Sentence]], source_index: dict[str, int],
                 index: dict[str, int], optimizer: torch.optim.Optimizer, rng: random.Random,
-                tokens_per_batch: int = 800) -> float:
+                tokens_per_batch: int = 800, teacher: Sequence[Tensor] | None = None, teacher_weight: float = 0.0) -> float:
     """One pass over batches of pairs of similar source lengths; returns the mean cross-entropy per
-    target word (``</s>`` included)."""
+    target word (``</s>`` included). With ``teacher`` (arc marginals ``[n+1, n+1]`` per pair), the
+    loss adds ``teacher_weight`` times :meth:`Translator.tree_loss` per source word."""
     model.train()
     total, count = 0.0, 0
     for group in length_groups([s for s, _ in pairs], tokens_per_batch, rng):
@@ -170,8 +203,13 @@ def train_epoch(model: Translator, pairs: Sequence[tuple[Sentence, Sentence]], s
         inputs, outputs = decoder_ids(targets, index)
         words = int((outputs != PAD).sum())
         loss = model(source, lengths, inputs, outputs)
+        objective = loss / words
+        if teacher is not None:
+            N = source.shape[1]
+            target = torch.stack([nn.functional.pad(teacher[i], (0, N - pairs[i][0].n, 0, N - pairs[i][0].n)) for i in group])
+            objective = objective + teacher_weight * model.tree_loss(source, lengths, target) / lengths.sum()
         optimizer.zero_grad()
-        (loss / words).backward()
+        objective.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 5.0)
         optimizer.step()
         total += float(loss.detach())
@@ -202,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--head-input", choices=HEAD_INPUTS, default="states",
                    help="what the head selection's scores and values read: the BiLSTM states (the paper) or the word "
                         "embeddings (a bag of words, the change their §7.3 proposes: a state already summarizes its neighbours)")
+    p.add_argument("--teacher-weight", type=float, default=0.0,
+                   help="an auxiliary signal: add this weight times the cross-entropy of the layer's trees against the posterior "
+                        "of a DMV fitted to the source language's POS tags (induce's DMV: 10 restarts, the most likely kept)")
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--dropout", type=float, default=0.3)
@@ -228,10 +269,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         raise SystemExit(f"translate: {PUD[args.source]} and {PUD[target_language]} are not sentence-aligned (sent_id)")
     pairs = list(zip(sources, targets))
     source_index, index = word_index(sources, min_count=1), target_index(targets)
+    teacher = None
+    if args.teacher_weight:
+        if args.attention != "structured":
+            p.error("--teacher-weight: the teacher's trees need the structured layer")
+        text = [v for f in LANGUAGES[args.source][0] for s in read_conllu(args.data_dir / "ud" / f, args.max_sentences)
+                if 0 < (v := without_punctuation(s)).n <= 60]
+        tag_index = word_index(text, min_count=1, field="upos")
+        dmv = fit_dmv(text, tag_index, 2 if args.quick else 12, 2, 0.01, 0.01, range(1 if args.quick else 10))[0]
+        teacher = teacher_marginals(dmv, sources, tag_index)
     model = Translator(len(source_index), len(index), args.dim, args.attention, args.hard, args.dropout, args.head_input)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     name = f"{args.source}_{target_language}_{args.attention}" + ("_hard" if args.hard else "") + \
-        ("_embeddings" if args.head_input == "embeddings" else "") + f"_seed{args.seed}"
+        ("_embeddings" if args.head_input == "embeddings" else "") + \
+        (f"_dmv{args.teacher_weight:g}" if args.teacher_weight else "") + f"_seed{args.seed}"
     args.out.mkdir(parents=True, exist_ok=True)
 
     def scores(trees: list[list[int]]) -> dict[str, float]:
@@ -243,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     curve = [{"epoch": 0, "loss": float("nan"), "seconds": 0.0, **scores(induced_trees(model, sources, source_index))}]
     start = time.perf_counter()
     for epoch in (bar := tqdm(range(args.epochs), desc=f"translate {args.source}->{target_language}")):
-        loss = train_epoch(model, pairs, source_index, index, optimizer, rng)
+        loss = train_epoch(model, pairs, source_index, index, optimizer, rng, teacher=teacher, teacher_weight=args.teacher_weight)
         curve.append({"epoch": epoch + 1, "loss": loss, "seconds": time.perf_counter() - start,
                       **scores(induced_trees(model, sources, source_index))})
         bar.set_postfix(loss=f"{loss:.3f}", DA_p=f"{curve[-1]['DA_p']:.1f}", UA_p=f"{curve[-1]['UA_p']:.1f}")
@@ -251,7 +302,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     induced = induced_trees(model, sources, source_index)
     wall = time.perf_counter() - wall
     trees = {"gold": [list(s.heads) for s in sources], "induced": induced, **chain_trees(sources)}
-    rows = [{"source": args.source, "attention": args.attention, "hard": args.hard, "head_input": args.head_input, "seed": args.seed, "trees": k,
+    rows = [{"source": args.source, "attention": args.attention, "hard": args.hard, "head_input": args.head_input,
+             "teacher_weight": args.teacher_weight, "seed": args.seed, "trees": k,
              "pairs": len(pairs), "epochs": args.epochs, **scores(v), "final_loss": curve[-1]["loss"],
              "perplexity": float(torch.tensor(curve[-1]["loss"]).exp()), "wall_s": wall}
             for k, v in trees.items()]
