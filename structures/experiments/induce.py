@@ -43,7 +43,6 @@ chain baselines (``right-branching``: every word headed by the word before it;
 
 from __future__ import annotations
 
-import csv
 import random
 import time
 from pathlib import Path
@@ -57,7 +56,7 @@ from structures.distribution import StructuredDistribution
 from structures.nn import StructuredSelfAttention
 
 from .attachment import TreeStatistics, chain_trees, score_trees
-from .parse import length_groups, markdown_table
+from .parse import length_groups, markdown_table, write_csv
 from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu
 from .dmv import DMV, parses, run_epoch
@@ -524,10 +523,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
              "skipped_batches": sum(c["skipped_batches"] for c in curve),
              "train_s": train_seconds, "induce_s": induce_seconds, "wall_s": wall} for k, v in trees.items()]
     for path, table in ((args.out / f"{name}.csv", rows), (args.out / f"{name}_epochs.csv", curve)):
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(table[0]))
-            w.writeheader()
-            w.writerows(table)
+        write_csv(path, table)
     (args.out / f"{name}.md").write_text(markdown_table(rows))
     draw(model, shown, index, {"gold": [list(s.heads) for s in shown], **induced, **chain_trees(shown)} if args.drop_punct else trees,
          args.out, name, tag_index=tag_index)

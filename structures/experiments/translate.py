@@ -32,7 +32,6 @@ after every epoch (the learning curve) and at the end.
 
 from __future__ import annotations
 
-import csv
 import random
 import time
 from pathlib import Path
@@ -51,7 +50,7 @@ from .biaffine import length_groups
 from .dmv import DMV
 from .dmv import fit as fit_dmv
 from .induce import LANGUAGES, with_punctuation, without_punctuation
-from .parse import markdown_table
+from .parse import markdown_table, write_csv
 from .ud import PUD, Sentence, read_conllu
 from .vocabulary import PAD, encode, word_index
 
@@ -308,10 +307,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
              "perplexity": float(torch.tensor(curve[-1]["loss"]).exp()), "wall_s": wall}
             for k, v in trees.items()]
     for path, table in ((args.out / f"{name}.csv", rows), (args.out / f"{name}_epochs.csv", curve)):
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(table[0]))
-            w.writeheader()
-            w.writerows(table)
+        write_csv(path, table)
     (args.out / f"{name}.md").write_text(markdown_table(rows))
     draw(model, sources, source_index, trees, curve, args.out, name)
     print(markdown_table(rows))
