@@ -190,10 +190,12 @@ class Translator(nn.Module):
 
 def train_epoch(model: Translator, pairs: Sequence[tuple[Sentence, Sentence]], source_index: dict[str, int],
                 index: dict[str, int], optimizer: torch.optim.Optimizer, rng: random.Random,
-                tokens_per_batch: int = 800, teacher: Sequence[Tensor] | None = None, teacher_weight: float = 0.0) -> float:
+                tokens_per_batch: int = 800, teacher: Sequence[Tensor] | None = None, teacher_weight: float = 0.0,
+                translation_weight: float = 1.0) -> float:
     """One pass over batches of pairs of similar source lengths; returns the mean cross-entropy per
-    target word (``</s>`` included). With ``teacher`` (arc marginals ``[n+1, n+1]`` per pair), the
-    loss adds ``teacher_weight`` times :meth:`Translator.tree_loss` per source word."""
+    target word (``</s>`` included). The loss is ``translation_weight`` times that, plus, with
+    ``teacher`` (arc marginals ``[n+1, n+1]`` per pair), ``teacher_weight`` times
+    :meth:`Translator.tree_loss` per source word."""
     model.train()
     total, count = 0.0, 0
     for group in length_groups([s for s, _ in pairs], tokens_per_batch, rng):
@@ -202,7 +204,7 @@ def train_epoch(model: Translator, pairs: Sequence[tuple[Sentence, Sentence]], s
         inputs, outputs = decoder_ids(targets, index)
         words = int((outputs != PAD).sum())
         loss = model(source, lengths, inputs, outputs)
-        objective = loss / words
+        objective = translation_weight * loss / words
         if teacher is not None:
             N = source.shape[1]
             target = torch.stack([nn.functional.pad(teacher[i], (0, N - pairs[i][0].n, 0, N - pairs[i][0].n)) for i in group])
@@ -242,6 +244,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     p.add_argument("--teacher-weight", type=float, default=0.0,
                    help="an auxiliary signal: add this weight times the cross-entropy of the layer's trees against the posterior "
                         "of a DMV fitted to the source language's POS tags (induce's DMV: 10 restarts, the most likely kept)")
+    p.add_argument("--translation-weight", type=float, default=1.0,
+                   help="the weight of the translation loss (0 with --teacher-weight: the teacher alone, the control)")
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--dropout", type=float, default=0.3)
@@ -269,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     pairs = list(zip(sources, targets))
     source_index, index = word_index(sources, min_count=1), target_index(targets)
     teacher = None
+    if not (args.translation_weight or args.teacher_weight):
+        p.error("--translation-weight 0: only with --teacher-weight (nothing would train the model)")
     if args.teacher_weight:
         if args.attention != "structured":
             p.error("--teacher-weight: the teacher's trees need the structured layer")
@@ -281,7 +287,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     name = f"{args.source}_{target_language}_{args.attention}" + ("_hard" if args.hard else "") + \
         ("_embeddings" if args.head_input == "embeddings" else "") + \
-        (f"_dmv{args.teacher_weight:g}" if args.teacher_weight else "") + f"_seed{args.seed}"
+        (f"_dmv{args.teacher_weight:g}" if args.teacher_weight else "") + \
+        (f"_translation{args.translation_weight:g}" if args.translation_weight != 1 else "") + f"_seed{args.seed}"
     args.out.mkdir(parents=True, exist_ok=True)
 
     def scores(trees: list[list[int]]) -> dict[str, float]:
@@ -293,7 +300,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     curve = [{"epoch": 0, "loss": float("nan"), "seconds": 0.0, **scores(induced_trees(model, sources, source_index))}]
     start = time.perf_counter()
     for epoch in (bar := tqdm(range(args.epochs), desc=f"translate {args.source}->{target_language}")):
-        loss = train_epoch(model, pairs, source_index, index, optimizer, rng, teacher=teacher, teacher_weight=args.teacher_weight)
+        loss = train_epoch(model, pairs, source_index, index, optimizer, rng, teacher=teacher, teacher_weight=args.teacher_weight,
+                           translation_weight=args.translation_weight)
         curve.append({"epoch": epoch + 1, "loss": loss, "seconds": time.perf_counter() - start,
                       **scores(induced_trees(model, sources, source_index))})
         bar.set_postfix(loss=f"{loss:.3f}", DA_p=f"{curve[-1]['DA_p']:.1f}", UA_p=f"{curve[-1]['UA_p']:.1f}")
@@ -302,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     wall = time.perf_counter() - wall
     trees = {"gold": [list(s.heads) for s in sources], "induced": induced, **chain_trees(sources)}
     rows = [{"source": args.source, "attention": args.attention, "hard": args.hard, "head_input": args.head_input,
-             "teacher_weight": args.teacher_weight, "seed": args.seed, "trees": k,
+             "teacher_weight": args.teacher_weight, "translation_weight": args.translation_weight, "seed": args.seed, "trees": k,
              "pairs": len(pairs), "epochs": args.epochs, **scores(v), "final_loss": curve[-1]["loss"],
              "perplexity": float(torch.tensor(curve[-1]["loss"]).exp()), "wall_s": wall}
             for k, v in trees.items()]
