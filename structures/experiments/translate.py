@@ -12,7 +12,11 @@ layer's root vector). An LSTM decoder with input feeding attends to ``S``
 the target embeddings. ``--attention flat`` is their FA-NMT (``β = softmax(φ)`` per word, no
 tree); ``--hard``: the forward pass uses the best tree's one-hot arcs and the backward pass the
 marginals' gradient (their §4.3 with the maximum spanning tree, which they name the principled
-form of their greedy heads).
+form of their greedy heads); ``--head-input embeddings``: the head selection reads the word
+embeddings instead of the BiLSTM states (the change their §7.3 proposes). An auxiliary signal,
+``--teacher-weight``: the cross-entropy of the layer's trees against the posterior of Klein &
+Manning's DMV fitted to the source language's gold POS tags (:mod:`structures.experiments.dmv`, as
+``induce --objective dmv`` fits it); ``--translation-weight 0`` leaves the teacher alone (the control).
 
 The data: the 1000 English-German sentence pairs of PUD (``--source en``: English to German, the
 row EN (→DE) of Table 3; ``--source de`` the other way), words as UD tokenizes them (syntactic
@@ -27,7 +31,8 @@ over the plain sentence, for the flat model too (their §7.1). Scores without pu
 (directed / undirected attachment, their Table 3) beside the left- and right-branching chains,
 after every epoch (the learning curve) and at the end.
 
-    python -m structures.experiments.translate --source en --epochs 40
+    python -m structures.experiments.translate --source en --epochs 40 [--hard | --attention flat | --head-input embeddings]
+    python -m structures.experiments.translate --source en --epochs 40 --teacher-weight 1 [--translation-weight 0]
 """
 
 from __future__ import annotations
