@@ -54,14 +54,15 @@ def test_the_translation_loss_trains_the_tree_scores(attention, hard, head_input
                                    head_input=head_input)
     source, lengths = encode(SOURCES, source_index, bucket=1)
     inputs, outputs = translate.decoder_ids(TARGETS, index)
-    loss = model(source, lengths, inputs, outputs)
+    loss, trees = model(source, lengths, inputs, outputs)
     assert torch.isfinite(loss) and loss > 0
+    assert (trees is None) == (attention == "flat")
     loss.backward()
     assert model.heads.query.weight.grad.abs().sum() > 0  # through the shared attention's syntactic vectors
     batch = translate.Translator(len(source_index), len(index), dim=8, attention=attention, hard=hard, dropout=0.0,
                                    head_input=head_input)
     batch.load_state_dict(model.state_dict())
-    alone = sum(batch(*encode([s], source_index, bucket=1), *translate.decoder_ids([t], index))
+    alone = sum(batch(*encode([s], source_index, bucket=1), *translate.decoder_ids([t], index))[0]
                 for s, t in zip(SOURCES, TARGETS))
     assert torch.allclose(loss, alone, atol=1e-4)  # padding changes nothing
 
@@ -108,15 +109,15 @@ def test_the_dmv_teacher_covers_every_word_and_puts_punctuation_where_induce_doe
     assert torch.allclose(full[keep][:, keep], mu)
 
 
-def test_the_tree_loss_is_stationary_at_the_layers_own_marginals():
+def test_the_tree_cross_entropy_is_stationary_at_the_layers_own_marginals():
     torch.manual_seed(0)
     source_index = word_index(SOURCES, min_count=1)
     model = translate.Translator(len(source_index), 5, dim=8, dropout=0.0)
     source, lengths = encode(SOURCES, source_index, bucket=1)
-    theta = model.tree_scores(source, lengths)
-    own = model.heads.structure(theta, lengths, True).marginals.detach()
-    model.tree_loss(source, lengths, own).backward()
+    trees = lambda: model.heads.structure(model.tree_scores(source, lengths), lengths, True)  # noqa: E731
+    own = trees().marginals.detach()
+    translate.tree_cross_entropy(trees(), own).backward()
     assert model.heads.query.weight.grad.abs().max() < 1e-5
     model.zero_grad()
-    model.tree_loss(source, lengths, torch.roll(own, 1, -1)).backward()
+    translate.tree_cross_entropy(trees(), torch.roll(own, 1, -1)).backward()
     assert model.heads.query.weight.grad.abs().max() > 1e-3

@@ -46,6 +46,7 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+from structures.distribution import StructuredDistribution
 from structures.nn import StructuredSelfAttention
 from structures.nn.attention import position_mask
 
@@ -122,7 +123,8 @@ class Translator(nn.Module):
     selection (scores and values) reads the word embeddings instead of the BiLSTM states.
 
     ``forward(source [B, N], lengths [B], inputs [B, T], outputs [B, T])`` returns the summed
-    cross-entropy of the target words (``<pad>`` outputs ignored); ``tree_scores(source, lengths)``
+    cross-entropy of the target words (``<pad>`` outputs ignored) and the layer's tree
+    distribution (None for the flat attention); ``tree_scores(source, lengths)``
     the layer's arc scores ``[B, N+1, N+1]`` (index 0 the root)."""
 
     def __init__(self, source_vocab: int, target_vocab: int, dim: int = 256, attention: str = "structured",
@@ -156,27 +158,23 @@ class Translator(nn.Module):
     def tree_scores(self, source: Tensor, lengths: Tensor) -> Tensor:
         return self.heads.arc_scores(self.encode(source, lengths)[1])
 
-    def tree_loss(self, source: Tensor, lengths: Tensor, target: Tensor) -> Tensor:
-        """The summed cross-entropy of the layer's tree distribution against arc marginals
-        ``target [B, N+1, N+1]`` (a teacher's posterior): ``log Z(θ) - Σ target ⊙ θ`` per sentence."""
-        theta = self.tree_scores(source, lengths)
-        layer = self.heads.structure(theta, lengths, True)
-        return (layer.log_partition - (target * theta).sum((-2, -1))).sum()
-
-    def syntax(self, words: Tensor, lengths: Tensor) -> Tensor:
+    def syntax(self, words: Tensor, lengths: Tensor) -> tuple[Tensor, StructuredDistribution | None]:
         """The syntactic annotations ``M [B, N, dim]``: each word's soft parent's value vector,
-        scores and values from ``words`` (the head selection's input)."""
+        scores and values from ``words`` (the head selection's input); and the layer's tree
+        distribution (None for the flat attention)."""
         values = self.value(words)
         if self.attention == "structured":
-            return self.heads(words, values, lengths).context
+            out = self.heads(words, values, lengths)
+            return out.context, out.distribution
         beta = flat_marginals(self.heads.arc_scores(words), lengths)
         B = values.shape[0]
         with_root = torch.cat([self.heads.root_embedding.to(values.dtype).expand(B, 1, -1), values], 1)
-        return beta[:, :, 1:].transpose(-1, -2) @ with_root
+        return beta[:, :, 1:].transpose(-1, -2) @ with_root, None
 
-    def forward(self, source: Tensor, lengths: Tensor, inputs: Tensor, outputs: Tensor) -> Tensor:
+    def forward(self, source: Tensor, lengths: Tensor, inputs: Tensor,
+                outputs: Tensor) -> tuple[Tensor, StructuredDistribution | None]:
         states, words = self.encode(source, lengths)
-        syntax = self.syntax(words, lengths)
+        syntax, trees = self.syntax(words, lengths)
         padded = ~position_mask(lengths, *source.shape, source.device)
         B, dim = source.shape[0], states.shape[-1]
         h = c = u = states.new_zeros(B, dim)
@@ -190,7 +188,13 @@ class Translator(nn.Module):
             u = torch.tanh(self.combine(torch.cat([h, context, syntactic], -1)))
             feeds.append(u)
         logits = self.dropout(torch.stack(feeds, 1)) @ self.target_embedding.weight.T + self.output_bias
-        return nn.functional.cross_entropy(logits.flatten(0, 1), outputs.flatten(), ignore_index=PAD, reduction="sum")
+        return nn.functional.cross_entropy(logits.flatten(0, 1), outputs.flatten(), ignore_index=PAD, reduction="sum"), trees
+
+
+def tree_cross_entropy(trees: StructuredDistribution, target: Tensor) -> Tensor:
+    """The summed cross-entropy of an edge-factored tree distribution against arc marginals
+    ``target [B, N+1, N+1]`` (a teacher's posterior): ``log Z(θ) - Σ target ⊙ θ`` per sentence."""
+    return (trees.log_partition - (target * trees.log_potentials).sum((-2, -1))).sum()
 
 
 def train_epoch(model: Translator, pairs: Sequence[tuple[Sentence, Sentence]], source_index: dict[str, int],
@@ -200,7 +204,7 @@ def train_epoch(model: Translator, pairs: Sequence[tuple[Sentence, Sentence]], s
     """One pass over batches of pairs of similar source lengths; returns the mean cross-entropy per
     target word (``</s>`` included). The loss is ``translation_weight`` times that, plus, with
     ``teacher`` (arc marginals ``[n+1, n+1]`` per pair), ``teacher_weight`` times
-    :meth:`Translator.tree_loss` per source word."""
+    :func:`tree_cross_entropy` of the layer's trees per source word."""
     model.train()
     total, count = 0.0, 0
     for group in length_groups([s for s, _ in pairs], tokens_per_batch, rng):
@@ -208,12 +212,12 @@ def train_epoch(model: Translator, pairs: Sequence[tuple[Sentence, Sentence]], s
         source, lengths = encode(sources, source_index, bucket=1)
         inputs, outputs = decoder_ids(targets, index)
         words = int((outputs != PAD).sum())
-        loss = model(source, lengths, inputs, outputs)
+        loss, trees = model(source, lengths, inputs, outputs)
         objective = translation_weight * loss / words
         if teacher is not None:
             N = source.shape[1]
             target = torch.stack([nn.functional.pad(teacher[i], (0, N - pairs[i][0].n, 0, N - pairs[i][0].n)) for i in group])
-            objective = objective + teacher_weight * model.tree_loss(source, lengths, target) / lengths.sum()
+            objective = objective + teacher_weight * tree_cross_entropy(trees, target) / lengths.sum()
         optimizer.zero_grad()
         objective.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 5.0)
