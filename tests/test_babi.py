@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from structures import HopChainCRF
 from structures.experiments import babi
@@ -82,10 +83,10 @@ def test_random_noise_is_used_in_training_only(task2):
 @needs_data
 def test_select_epoch_keeps_the_best_validation_epoch(task2):
     config = babi.RunConfig(epochs=4, linear_start=1, select_epoch="softmax")
-    model, result = babi.train_run("memn2n", task2, 0, config)
+    model, result = babi.train_runs("memn2n", task2, [0], config)[0]
     assert 2 <= result["epoch"] <= 4 and not result["linear"]  # after the linear start
     assert babi.evaluate(model, task2.valid)["answer"] == result["valid_answer"]
-    last = babi.train_run("memn2n", task2, 0, babi.RunConfig(epochs=result["epoch"], linear_start=1))[1]
+    last = babi.train_runs("memn2n", task2, [0], babi.RunConfig(epochs=result["epoch"], linear_start=1))[0][1]
     assert last["valid_answer"] == result["valid_answer"] and last["test_answer"] == result["test_answer"]
 
 
@@ -93,18 +94,18 @@ def test_select_epoch_keeps_the_best_validation_epoch(task2):
 def test_select_epoch_any_may_keep_a_linear_start_model_linear(task2):
     """Kim et al.'s code keeps its best held-out model from the first epoch on, linear start included."""
     config = babi.RunConfig(epochs=3, linear_start=3, select_epoch="any")
-    model, result = babi.train_run("binary", task2, 0, config)
+    model, result = babi.train_runs("binary", task2, [0], config)[0]
     assert result["linear"] and model.linear and result["epoch"] <= 3
     assert babi.evaluate(model, task2.valid)["answer"] == result["valid_answer"]
     with pytest.raises(ValueError, match="select_epoch"):
-        babi.train_run("binary", task2, 0, babi.RunConfig(epochs=1, select_epoch="best"))
+        babi.train_runs("binary", task2, [0], babi.RunConfig(epochs=1, select_epoch="best"))
 
 
 @needs_data
 def test_memories_are_padded_to_the_longest_story_only():
     task = babi.load_task(16, DATA)  # every task 16 story has 9 statements
     assert task.train.stories.shape[1] == task.test.stories.shape[1] == 9 and (task.test.lengths == 9).all()
-    assert babi.build_model("binary", task).temporal.shape == (4, 9, 20)
+    assert babi.build_model("binary", task).temporal.shape == (1, 4, 9, 20)
 
 
 @needs_data
@@ -182,15 +183,15 @@ def test_training_lowers_the_loss(task2, kind):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     before = babi.evaluate(model, task2.train)["loss"]
     for _ in range(2):
-        babi.train_epoch(model, task2.train, optimizer, generator=torch.Generator().manual_seed(0))
+        babi.train_epoch(model, task2.train, optimizer, generators=[torch.Generator().manual_seed(0)])
     assert babi.evaluate(model, task2.train)["loss"] < before
 
 
 @needs_data
 def test_a_run_is_deterministic_given_its_seed(task2):
     config = babi.RunConfig(epochs=1, linear_start=1)
-    first = babi.train_run("binary", task2, 3, config)[1]
-    second = babi.train_run("binary", task2, 3, config)[1]
+    first = babi.train_runs("binary", task2, [3], config)[0][1]
+    second = babi.train_runs("binary", task2, [3], config)[0][1]
     timing = ("seconds", "load")  # (the wall time and the machine's load average at the end vary)
     assert {k: v for k, v in first.items() if k not in timing} == {k: v for k, v in second.items() if k not in timing}
 
@@ -219,12 +220,51 @@ def test_options_that_cannot_run_are_refused_before_any_training(capsys):
 def test_the_command_line_schedule_reaches_every_run(monkeypatch, tmp_path):
     seen = []
 
-    def stop(kind, task, seed, config):
-        seen.append(config)
+    def stop(kind, task, seeds, config):
+        seen.append((seeds, config))
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(babi, "train_run", stop)
+    monkeypatch.setattr(babi, "train_runs", stop)
     with pytest.raises(KeyboardInterrupt):
-        babi.main(["--quick", "--models", "binary", "--batch-size", "1", "--random-noise", "0.1", "--select-epoch", "any",
-                   "--link", "both", "--out", str(tmp_path)])
-    assert seen == [babi.RunConfig(epochs=3, linear_start=1, batch_size=1, random_noise=0.1, select_epoch="any", link="both")]
+        babi.main(["--tasks", "2", "--models", "binary", "--batch-size", "1", "--random-noise", "0.1", "--select-epoch", "any",
+                   "--link", "both", "--runs", "3", "--parallel", "2", "--out", str(tmp_path)])
+    assert seen == [([0, 1], babi.RunConfig(batch_size=1, random_noise=0.1, select_epoch="any", link="both"))]
+
+
+@needs_data
+@pytest.mark.parametrize("kind", babi.MODELS)
+def test_runs_trained_side_by_side_are_the_runs_trained_alone(task2, kind):
+    """Replicas share nothing but the batch: each ends with the parameters and metrics it has
+    when trained alone from its seed (without random noise, whose draws are shared)."""
+    config = babi.RunConfig(epochs=3, linear_start=1, batch_size=4, select_epoch="any")
+    together = babi.train_runs(kind, task2, [3, 5], config)
+    for seed, (model, result) in zip([3, 5], together):
+        alone, alone_result = babi.train_runs(kind, task2, [seed], config)[0]
+        for (name, value), expected in zip(model.state_dict().items(), alone.state_dict().values()):
+            assert torch.allclose(value, expected, atol=1e-6), name
+        skip = ("replicas", "seconds", "load")
+        assert {k: v for k, v in result.items() if k not in skip} == {k: v for k, v in alone_result.items() if k not in skip}
+        assert model.linear == alone.linear and model.replicas == 1
+
+
+@needs_data
+def test_each_replica_is_clipped_by_its_own_gradient_norm(task2):
+    torch.manual_seed(0)
+    model = babi.BabiModel.stack([babi.build_model("binary", task2) for _ in range(3)])
+    batch = task2.train.select(torch.arange(6))
+    logits, _ = model(batch)
+    (nn.functional.cross_entropy(logits, batch.answers, reduction="none") * torch.tensor([1.0, 1, 1e4, 1e4, 0, 0])).sum().backward()
+    norms = lambda: torch.stack([p.grad.flatten(1).pow(2).sum(1) for p in model.parameters()]).sum(0).sqrt()  # noqa: E731
+    before = norms()
+    model.clip_grad_norms_(40.0)
+    after = norms()
+    assert before[0] < 40 and after[0] == pytest.approx(before[0].item())  # untouched
+    assert before[1] > 40 and after[1] == pytest.approx(40.0, rel=1e-4)
+    assert before[2] == after[2] == 0
+
+
+@needs_data
+def test_a_batch_must_split_evenly_among_the_replicas(task2):
+    model = babi.BabiModel.stack([babi.build_model("memn2n", task2) for _ in range(2)])
+    with pytest.raises(ValueError, match="multiple of the 2 replicas"):
+        model(task2.train.select(torch.arange(3)))

@@ -144,7 +144,8 @@ def noisy_recency(lengths: Tensor, memory_size: int, fraction: float) -> Tensor:
 
 
 class BabiModel(nn.Module):
-    """MemN2N or a hop chain CRF over a story (appendix A.4), ``dim``-dimensional embeddings.
+    """MemN2N or a hop chain CRF over a story (appendix A.4), ``dim``-dimensional embeddings;
+    ``replicas`` independent copies of it, trained side by side as one batched model.
 
     Embedding matrices ``E_0..E_K`` and temporal encodings ``T_0..T_K`` with adjacent tying: hop
     ``k`` reads facts through ``E_{k-1}`` (``x^k``) and ``E_k`` (``o^k``), the question through
@@ -152,25 +153,51 @@ class BabiModel(nn.Module):
     ``q^K + c^K``; the CRFs' ``q^K + c`` with ``q^{k+1} = Q q^k`` (``Q`` initialized to the identity).
     ``link`` is the binary CRF's link term (:class:`~structures.nn.HopAttention`); ``random_noise``
     the fraction of :func:`noisy_recency` used while training (0: none).
+
+    Every parameter has the replica first: ``embeddings [R, K+1, V+1, D]`` (row 0, padding, is 0
+    and stays 0: padded words have position weight 0), ``temporal [R, K+1, M, D]``, ``query_map
+    [R, D, D]``. A batch of ``R·b`` examples is read replica-major (examples ``r·b .. r·b+b-1`` go
+    to replica ``r``), so that summing the loss over it trains each replica on its own ``b``
+    examples: with one example a replica, ``R`` runs of Kim et al.'s one-question SGD steps cost
+    about what one run does (the steps are dominated by per-operation overhead).
     """
 
     def __init__(self, kind: str, vocab_size: int, hops: int, dim: int = 20, memory_size: int = 25, link: str = "outputs",
-                 random_noise: float = 0.0):
+                 random_noise: float = 0.0, replicas: int = 1):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"kind: expected one of {MODELS}, got {kind!r}")
-        self.kind, self.hops, self.dim, self.random_noise = kind, hops, dim, random_noise
-        self.embeddings = nn.ModuleList(nn.Embedding(vocab_size + 1, dim, padding_idx=0) for _ in range(hops + 1))
-        self.temporal = nn.Parameter(0.1 * torch.randn(hops + 1, memory_size, dim))
+        self.kind, self.hops, self.dim, self.random_noise, self.replicas = kind, hops, dim, random_noise, replicas
+        self.shape = (vocab_size, memory_size, link)
+        self.embeddings = nn.Parameter(0.1 * torch.randn(replicas, hops + 1, vocab_size + 1, dim))
+        self.temporal = nn.Parameter(0.1 * torch.randn(replicas, hops + 1, memory_size, dim))
         with torch.no_grad():
-            for embedding in self.embeddings:
-                embedding.weight.normal_(0, 0.1)[0].zero_()
+            self.embeddings[:, :, 0] = 0
         if kind == "memn2n":
             self.attention = MemoryHopAttention()
         else:
             self.attention = HopAttention(kind, link=link)
-            self.query_map = nn.Linear(dim, dim, bias=False)
-            nn.init.eye_(self.query_map.weight)
+            self.query_map = nn.Parameter(torch.eye(dim).repeat(replicas, 1, 1))
+
+    @classmethod
+    def stack(cls, models: list[BabiModel]) -> BabiModel:
+        """One model whose replicas are ``models`` (alike but for their parameters), in order."""
+        first = models[0]
+        with torch.random.fork_rng(devices=[]):  # the placeholder parameters leave the global RNG alone
+            stacked = cls(first.kind, *first.shape[:1], first.hops, first.dim, first.shape[1], first.shape[2],
+                          first.random_noise, sum(m.replicas for m in models))
+        states = [m.state_dict() for m in models]
+        stacked.load_state_dict({name: torch.cat([s[name] for s in states]) for name in states[0]})
+        stacked.linear = first.linear
+        return stacked
+
+    def replica(self, r: int) -> BabiModel:
+        """Replica ``r`` as a model of its own (a copy)."""
+        with torch.random.fork_rng(devices=[]):
+            single = BabiModel(self.kind, self.shape[0], self.hops, self.dim, self.shape[1], self.shape[2], self.random_noise)
+        single.load_state_dict({name: value[r:r + 1] for name, value in self.state_dict().items()})
+        single.linear = self.linear
+        return single
 
     @property
     def linear(self) -> bool:
@@ -180,21 +207,33 @@ class BabiModel(nn.Module):
     def linear(self, value: bool) -> None:
         self.attention.linear = value
 
+    def replica_of_rows(self, n: int) -> Tensor:
+        """``[n]``: the replica that reads each of ``n`` replica-major rows."""
+        if n % self.replicas:
+            raise ValueError(f"batch: expected a multiple of the {self.replicas} replicas in examples, got {n}")
+        return torch.arange(self.replicas).repeat_interleave(n // self.replicas)
+
     def encode(self, words: Tensor, k: int, weights: Tensor | None = None) -> Tensor:
-        """``words [..., J]`` → position-encoded bag of words ``[..., dim]`` with ``E_k``
-        (``weights``: their :func:`position_encoding`, when already computed)."""
+        """``words [N, ..., J]`` (replica-major rows) → position-encoded bag of words ``[N, ..., dim]``
+        with each row's replica's ``E_k`` (``weights``: their :func:`position_encoding`, when already computed)."""
         weights = position_encoding(words, self.dim) if weights is None else weights
-        return (weights * self.embeddings[k](words)).sum(-2)
+        table = self.embeddings[:, k]  # [R, V+1, D]
+        offset = self.replica_of_rows(words.shape[0]) * table.shape[1]
+        ids = words + offset.view(-1, *[1] * (words.dim() - 1))
+        return (weights * nn.functional.embedding(ids, table.flatten(0, 1))).sum(-2)
 
     def forward(self, batch: Batch) -> tuple[Tensor, AttentionOutput]:
         """Answer scores ``[N, V+1]`` (index 0, padding, included) and the attention output."""
         B, M, _ = batch.stories.shape
+        R = self.replicas
         if self.training and self.random_noise > 0:
             recency = noisy_recency(batch.lengths, M, self.random_noise)
         else:
             recency = (batch.lengths.unsqueeze(-1) - 1 - torch.arange(M)).clamp_min(0)  # [B, M]: 0 = newest fact
         weights = position_encoding(batch.stories, self.dim)
-        memories = torch.stack([self.encode(batch.stories, k, weights) + self.temporal[k][recency] for k in range(self.hops + 1)], 1)
+        rows = self.replica_of_rows(B).unsqueeze(-1)
+        memories = torch.stack([self.encode(batch.stories, k, weights) + self.temporal[rows, k, recency]
+                                for k in range(self.hops + 1)], 1)
         inputs, outputs = memories[:, :-1], memories[:, 1:]  # [B, K, M, dim]
         query = self.encode(batch.queries, 0)
         if self.kind == "memn2n":
@@ -203,14 +242,25 @@ class BabiModel(nn.Module):
         else:
             queries = [query]
             for _ in range(self.hops - 1):
-                queries.append(self.query_map(queries[-1]))
+                queries.append((queries[-1].view(R, B // R, -1) @ self.query_map.transpose(-1, -2)).view(B, -1))
             out = self.attention(inputs, outputs, torch.stack(queries, 1), batch.lengths)
             final = queries[-1] + out.context
-        return final @ self.embeddings[self.hops].weight.t(), out
+        logits = final.view(R, B // R, -1) @ self.embeddings[:, self.hops].transpose(-1, -2)
+        return logits.view(B, -1), out
 
     def selected_facts(self, out: AttentionOutput) -> Tensor:
         """``[N, K]``: MemN2N's argmax per hop, or the CRF's decoded hop chain."""
         return out.attention.argmax(-1) if out.distribution is None else out.distribution.decode()
+
+    @torch.no_grad()
+    def clip_grad_norms_(self, max_norm: float) -> None:
+        """Renormalize each replica's gradient above norm ``max_norm``, as
+        :func:`torch.nn.utils.clip_grad_norm_` does for a model of its own."""
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        norms = torch.stack([g.pow(2).flatten(1).sum(1) for g in grads]).sum(0).sqrt()  # [R]
+        scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+        for g in grads:
+            g.mul_(scale.view(-1, *[1] * (g.dim() - 1)))
 
 
 def build_model(kind: str, task: Task, hops: int | None = None, dim: int = 20, link: str = "outputs",
@@ -223,19 +273,23 @@ def build_model(kind: str, task: Task, hops: int | None = None, dim: int = 20, l
 
 
 def train_epoch(model: BabiModel, data: Batch, optimizer: torch.optim.Optimizer, batch_size: int = 32,
-                max_norm: float = 40.0, generator: torch.Generator | None = None) -> float:
-    """One pass of SGD over ``data`` in shuffled minibatches (loss summed over each batch, as in
-    MemN2N; gradients renormalized above ``max_norm``). Returns the mean loss per question."""
+                max_norm: float = 40.0, generators: list[torch.Generator] | None = None) -> Tensor:
+    """One pass of SGD over ``data`` in shuffled minibatches for each replica, its own order from
+    its generator (loss summed over each batch, as in MemN2N; each replica's gradient renormalized
+    above ``max_norm``). Returns the mean loss per question ``[R]``."""
     model.train()
-    total = 0.0
-    for index in torch.randperm(len(data), generator=generator).split(batch_size):
-        logits, _ = model(data.select(index))
-        loss = nn.functional.cross_entropy(logits, data.answers[index], reduction="sum")
+    R = model.replicas
+    generators = generators or [None] * R
+    orders = torch.stack([torch.randperm(len(data), generator=g) for g in generators])  # [R, N]
+    total = torch.zeros(R)
+    for index in orders.split(batch_size, dim=1):
+        logits, _ = model(data.select(index.flatten()))
+        losses = nn.functional.cross_entropy(logits, data.answers[index.flatten()], reduction="none").view(R, -1).sum(1)
         optimizer.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        losses.sum().backward()
+        model.clip_grad_norms_(max_norm)
         optimizer.step()
-        total += loss.item()
+        total += losses.detach()
     return total / len(data)
 
 
@@ -248,16 +302,19 @@ def fact_sequence_correct(selected: Tensor, support: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: BabiModel, data: Batch, batch_size: int = 256) -> dict[str, float]:
-    """``{"loss", "answer", "fact"}``: mean loss, answer accuracy and supporting-fact sequence accuracy (%)."""
+def evaluate(model: BabiModel, data: Batch, batch_size: int = 256) -> dict[str, Tensor]:
+    """``{"loss", "answer", "fact"}``, each ``[R]``: every replica's mean loss, answer accuracy and
+    supporting-fact sequence accuracy (%) on all of ``data``."""
     model.eval()
-    loss = answer = fact = 0.0
+    R = model.replicas
+    loss, answer, fact = torch.zeros(R), torch.zeros(R), torch.zeros(R)
     for index in torch.arange(len(data)).split(batch_size):
-        batch = data.select(index)
+        batch = data.select(index.repeat(R))
         logits, out = model(batch)
-        loss += nn.functional.cross_entropy(logits, batch.answers, reduction="sum").item()
-        answer += (logits.argmax(-1) == batch.answers).sum().item()
-        fact += fact_sequence_correct(model.selected_facts(out), batch.support).sum().item()
+        per_replica = lambda t: t.float().view(R, -1).sum(1)  # noqa: E731
+        loss += per_replica(nn.functional.cross_entropy(logits, batch.answers, reduction="none"))
+        answer += per_replica(logits.argmax(-1) == batch.answers)
+        fact += per_replica(fact_sequence_correct(model.selected_facts(out), batch.support))
     n = len(data)
     return {"loss": loss / n, "answer": 100 * answer / n, "fact": 100 * fact / n}
 
@@ -278,43 +335,60 @@ class RunConfig:
     select_epoch: str = "last"  # one of SELECT_EPOCH: the last epoch, the best after the linear start, the best of all
 
 
-def train_run(kind: str, task: Task, seed: int, config: RunConfig) -> tuple[BabiModel, dict]:
-    """Train one model from seed ``seed``; return it and its validation/test metrics, wall time
-    and the 1-minute load average at its end (the machine is shared). ``config.select_epoch``
-    ``"last"`` returns the model after the last epoch; ``"softmax"`` the one after the epoch with
-    the best validation answer accuracy (the first of equals) among the epochs after the linear
-    start; ``"any"`` among all epochs, a linear-start model kept linear, as Kim et al.'s
-    ``train-qa.lua`` keeps its best held-out model from the first epoch on. ``epoch`` (1-based)
-    says which, ``linear`` whether it is a linear-start model."""
+def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> list[tuple[BabiModel, dict]]:
+    """Train one model from each of ``seeds``, side by side as the replicas of one
+    :class:`BabiModel`; return each with its validation/test metrics, wall time (the group's,
+    divided among its runs) and the 1-minute load average at its end (the machine is shared).
+
+    Replica ``r`` starts from the parameters ``build_model`` draws after ``torch.manual_seed(seeds[r])``
+    and visits the questions in the order of a generator seeded with ``seeds[r]``; the random noise
+    comes from the global RNG. ``config.select_epoch`` ``"last"`` returns the model after the last
+    epoch; ``"softmax"`` the one after the epoch with the best validation answer accuracy (the first
+    of equals) among the epochs after the linear start; ``"any"`` among all epochs, a linear-start
+    model kept linear, as Kim et al.'s ``train-qa.lua`` keeps its best held-out model from the first
+    epoch on. ``epoch`` (1-based) says which, ``linear`` whether it is a linear-start model."""
     if config.select_epoch not in SELECT_EPOCH:
         raise ValueError(f"select_epoch: expected one of {SELECT_EPOCH}, got {config.select_epoch!r}")
     start = time.perf_counter()
-    torch.manual_seed(seed)
-    model = build_model(kind, task, dim=config.dim, link=config.link, random_noise=config.random_noise)
+    singles = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        singles.append(build_model(kind, task, dim=config.dim, link=config.link, random_noise=config.random_noise))
+    model = BabiModel.stack(singles)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
-    generator = torch.Generator().manual_seed(seed)
-    best: tuple[float, int, bool, dict] | None = None  # (valid answer %, epoch, linear, state)
+    generators = [torch.Generator().manual_seed(seed) for seed in seeds]
+    R = len(seeds)
+    best_score, best_epoch = torch.full((R,), -1.0), torch.full((R,), config.epochs)
+    best_linear, best_state = torch.zeros(R, dtype=torch.bool), copy.deepcopy(model.state_dict())
     for epoch in range(config.epochs):
         model.linear = epoch < config.linear_start
         for group in optimizer.param_groups:
             group["lr"] = config.lr / 2 ** (epoch // config.decay_every)
-        train_loss = train_epoch(model, task.train, optimizer, config.batch_size, generator=generator)
+        train_loss = train_epoch(model, task.train, optimizer, config.batch_size, generators=generators)
         if config.select_epoch == "any" or (config.select_epoch == "softmax" and not model.linear):
             score = evaluate(model, task.valid)["answer"]
-            if best is None or score > best[0]:
-                best = (score, epoch + 1, model.linear, copy.deepcopy(model.state_dict()))
-    model.linear = best is not None and best[2]
-    if best is not None:
-        model.load_state_dict(best[3])
-    valid, test = evaluate(model, task.valid), evaluate(model, task.test)
-    result = {"seed": seed, "train_loss": train_loss, "valid_answer": valid["answer"], "valid_loss": valid["loss"],
-              "test_answer": test["answer"], "test_fact": test["fact"], "epoch": best[1] if best else config.epochs,
-              "linear": model.linear,
-              "seconds": time.perf_counter() - start,
-              "load": os.getloadavg()[0]}
-    if not math.isfinite(train_loss):
-        result["valid_answer"] = -1.0  # a diverged run is never the best one
-    return model, result
+            better = score > best_score
+            for name, value in model.state_dict().items():
+                best_state[name][better] = value[better]
+            best_score, best_epoch[better], best_linear[better] = score.where(better, best_score), epoch + 1, model.linear
+    kept = best_score >= 0  # replicas that kept a best epoch; the others keep their last
+    current = model.state_dict()
+    model.load_state_dict({name: best_state[name].where(kept.view(-1, *[1] * (value.dim() - 1)), value)
+                           for name, value in current.items()})
+    seconds = (time.perf_counter() - start) / R
+    runs = []
+    for r, seed in enumerate(seeds):
+        single = model.replica(r)
+        single.linear = bool(best_linear[r])
+        valid, test = evaluate(single, task.valid), evaluate(single, task.test)
+        result = {"seed": seed, "train_loss": train_loss[r].item(), "valid_answer": valid["answer"].item(),
+                  "valid_loss": valid["loss"].item(), "test_answer": test["answer"].item(), "test_fact": test["fact"].item(),
+                  "epoch": int(best_epoch[r]), "linear": single.linear, "replicas": R, "seconds": seconds,
+                  "load": os.getloadavg()[0]}
+        if not math.isfinite(result["train_loss"]):
+            result["valid_answer"] = -1.0  # a diverged run is never the best one
+        runs.append((single, result))
+    return runs
 
 
 def summarize(task: int, kind: str, runs: list[dict]) -> dict:
@@ -475,6 +549,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--batch-size", type=int, default=32,
                         help="questions per SGD step, loss summed (32: A.4 and Sukhbaatar et al.; 1: Kim et al.'s train-qa.lua)")
     parser.add_argument("--runs", type=int, default=1, help="initializations per task and model; the best on validation is reported")
+    parser.add_argument("--parallel", type=int, default=1, metavar="N",
+                        help="train N initializations at once, as the replicas of one batched model (same results as one at a "
+                             "time but for the random noise's draws; about N times faster at --batch-size 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="one task, 200 questions, 3 epochs (seconds)")
     parser.add_argument("--plot-task", type=int, default=16, help="the task whose binary CRF story is drawn (default 16, as Fig. 5)")
@@ -482,6 +559,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--out", type=Path, default=Path("results") / "babi")
     args = parser.parse_args(argv)
     one_hop = [t for t in args.tasks if hops_for(t) < 2]
+    if args.parallel < 1:
+        parser.error(f"--parallel: expected at least 1, got {args.parallel}")
     if "binary" in args.models and one_hop:
         parser.error(f"--models binary: the binary hop chain needs K >= 2 hops; tasks {one_hop} have one (use memn2n or unary)")
     torch.set_num_threads(args.threads)
@@ -498,22 +577,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     runs: dict[tuple[int, str], list[dict]] = {}
     run_rows, plot_best = [], None
     bar = tqdm(total=len(args.tasks) * len(args.models) * args.runs, desc="babi")
-    # seeds outermost: after each pass every task and model has one more run, and the tables (written
-    # after every run) hold the best so far, so that a run cut short still covers every task
-    for seed in range(args.seed, args.seed + args.runs):
+    # seeds outermost: after each group every task and model has more runs, and the tables (written
+    # after every group) hold the best so far, so that a run cut short still covers every task
+    for first in range(args.seed, args.seed + args.runs, args.parallel):
+        seeds = list(range(first, min(first + args.parallel, args.seed + args.runs)))
         for task_number, task in tasks.items():
             for kind in args.models:
-                model, result = train_run(kind, task, seed, config)
-                runs.setdefault((task_number, kind), []).append(result)
-                run_rows.append({"task": task_number, "model": kind, **result})
+                for model, result in train_runs(kind, task, seeds, config):
+                    runs.setdefault((task_number, kind), []).append(result)
+                    run_rows.append({"task": task_number, "model": kind, **result})
+                    if (task_number, kind) == (plot_task, plot_kind) and (plot_best is None or (result["valid_answer"], -result["valid_loss"]) > plot_best):
+                        plot_best = (result["valid_answer"], -result["valid_loss"])
+                        plot_hops(model, task, args.out / "babi_hops.png")
+                    bar.set_postfix(task=task_number, model=kind, ans=f"{result['test_answer']:.1f}", fact=f"{result['test_fact']:.1f}")
+                    bar.update()
                 rows = [summarize(t, m, r) for (t, m), r in runs.items()]
                 write_tables(rows + average_rows(rows, args.models), args.out, command)
                 write_runs(run_rows, args.out / "babi_runs.csv")
-                if (task_number, kind) == (plot_task, plot_kind) and (plot_best is None or (result["valid_answer"], -result["valid_loss"]) > plot_best):
-                    plot_best = (result["valid_answer"], -result["valid_loss"])
-                    plot_hops(model, task, args.out / "babi_hops.png")
-                bar.set_postfix(task=task_number, model=kind, ans=f"{result['test_answer']:.1f}", fact=f"{result['test_fact']:.1f}")
-                bar.update()
             plot_tasks(rows, args.out / "babi_tasks.png")
     bar.close()
     rows += average_rows(rows, args.models)
