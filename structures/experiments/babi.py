@@ -13,7 +13,9 @@ the raw scores (A.4's "no log_softmax on the query scores" would change nothing 
 by default (``--link inputs``: A.4's printed ``x^k_i · x^{k+1}_j``). The best of
 ``--runs`` initializations on validation answer accuracy is reported, with answer accuracy and
 supporting-fact sequence accuracy (MemN2N: the argmax of each hop's attention; the CRFs: the
-decoded hop chain) on the test set.
+decoded hop chain) on the test set. ``--parallel N`` trains N initializations at once, as the
+replicas of one batched model (:class:`BabiModel`), which makes Kim et al.'s one question a step
+(``--batch-size 1``) affordable.
 
     python -m structures.experiments.babi --tasks 2 3 11 --models memn2n binary unary --runs 3
 """
