@@ -170,7 +170,7 @@ class BabiModel(nn.Module):
         if kind not in MODELS:
             raise ValueError(f"kind: expected one of {MODELS}, got {kind!r}")
         self.kind, self.hops, self.dim, self.random_noise, self.replicas = kind, hops, dim, random_noise, replicas
-        self.shape = (vocab_size, memory_size, link)
+        self.vocab_size, self.memory_size, self.link = vocab_size, memory_size, link
         self.embeddings = nn.Parameter(0.1 * torch.randn(replicas, hops + 1, vocab_size + 1, dim))
         self.temporal = nn.Parameter(0.1 * torch.randn(replicas, hops + 1, memory_size, dim))
         with torch.no_grad():
@@ -181,25 +181,24 @@ class BabiModel(nn.Module):
             self.attention = HopAttention(kind, link=link)
             self.query_map = nn.Parameter(torch.eye(dim).repeat(replicas, 1, 1))
 
-    @classmethod
-    def stack(cls, models: list[BabiModel]) -> BabiModel:
-        """One model whose replicas are ``models`` (alike but for their parameters), in order."""
-        first = models[0]
+    def _like(self, replicas: int, state: dict[str, Tensor]) -> BabiModel:
+        """A model like this one with ``replicas`` replicas and parameters ``state``."""
         with torch.random.fork_rng(devices=[]):  # the placeholder parameters leave the global RNG alone
-            stacked = cls(first.kind, *first.shape[:1], first.hops, first.dim, first.shape[1], first.shape[2],
-                          first.random_noise, sum(m.replicas for m in models))
+            model = BabiModel(self.kind, self.vocab_size, self.hops, self.dim, self.memory_size, self.link,
+                              self.random_noise, replicas)
+        model.load_state_dict(state)
+        model.linear = self.linear
+        return model
+
+    @staticmethod
+    def stack(models: list[BabiModel]) -> BabiModel:
+        """One model whose replicas are ``models`` (alike but for their parameters), in order."""
         states = [m.state_dict() for m in models]
-        stacked.load_state_dict({name: torch.cat([s[name] for s in states]) for name in states[0]})
-        stacked.linear = first.linear
-        return stacked
+        return models[0]._like(sum(m.replicas for m in models), {name: torch.cat([s[name] for s in states]) for name in states[0]})
 
     def replica(self, r: int) -> BabiModel:
         """Replica ``r`` as a model of its own (a copy)."""
-        with torch.random.fork_rng(devices=[]):
-            single = BabiModel(self.kind, self.shape[0], self.hops, self.dim, self.shape[1], self.shape[2], self.random_noise)
-        single.load_state_dict({name: value[r:r + 1] for name, value in self.state_dict().items()})
-        single.linear = self.linear
-        return single
+        return self._like(1, {name: value[r:r + 1].clone() for name, value in self.state_dict().items()})
 
     @property
     def linear(self) -> bool:
@@ -285,8 +284,9 @@ def train_epoch(model: BabiModel, data: Batch, optimizer: torch.optim.Optimizer,
     orders = torch.stack([torch.randperm(len(data), generator=g) for g in generators])  # [R, N]
     total = torch.zeros(R)
     for index in orders.split(batch_size, dim=1):
-        logits, _ = model(data.select(index.flatten()))
-        losses = nn.functional.cross_entropy(logits, data.answers[index.flatten()], reduction="none").view(R, -1).sum(1)
+        batch = data.select(index.flatten())
+        logits, _ = model(batch)
+        losses = nn.functional.cross_entropy(logits, batch.answers, reduction="none").view(R, -1).sum(1)
         optimizer.zero_grad()
         losses.sum().backward()
         model.clip_grad_norms_(max_norm)
@@ -310,10 +310,10 @@ def evaluate(model: BabiModel, data: Batch, batch_size: int = 256) -> dict[str, 
     model.eval()
     R = model.replicas
     loss, answer, fact = torch.zeros(R), torch.zeros(R), torch.zeros(R)
+    per_replica = lambda t: t.float().view(R, -1).sum(1)  # noqa: E731
     for index in torch.arange(len(data)).split(batch_size):
         batch = data.select(index.repeat(R))
         logits, out = model(batch)
-        per_replica = lambda t: t.float().view(R, -1).sum(1)  # noqa: E731
         loss += per_replica(nn.functional.cross_entropy(logits, batch.answers, reduction="none"))
         answer += per_replica(logits.argmax(-1) == batch.answers)
         fact += per_replica(fact_sequence_correct(model.selected_facts(out), batch.support))
