@@ -175,6 +175,17 @@ def test_the_binary_crfs_link_is_an_option(task2):
     assert not torch.allclose(*logits)
 
 
+@pytest.mark.parametrize("std", [0.1, 0.316])
+def test_the_embeddings_are_drawn_with_the_chosen_standard_deviation(std):
+    """Sukhbaatar et al. draw N(0, 0.1), Kim et al.'s code N(0, 1/sqrt(10)); padding stays 0."""
+    torch.manual_seed(0)
+    model = babi.BabiModel("binary", vocab_size=200, hops=2, init_std=std, replicas=3)
+    words = model.embeddings[:, :, 1:]
+    assert words.std().item() == pytest.approx(std, rel=0.05)
+    assert model.temporal.std().item() == pytest.approx(std, rel=0.1)
+    assert (model.embeddings[:, :, 0] == 0).all()
+
+
 @needs_data
 @pytest.mark.parametrize("kind", ["memn2n", "binary"])
 def test_training_lowers_the_loss(task2, kind):
@@ -227,8 +238,8 @@ def test_the_command_line_schedule_reaches_every_run(monkeypatch, tmp_path):
     monkeypatch.setattr(babi, "train_runs", stop)
     with pytest.raises(KeyboardInterrupt):
         babi.main(["--tasks", "2", "--models", "binary", "--batch-size", "1", "--random-noise", "0.1", "--select-epoch", "any",
-                   "--link", "both", "--runs", "3", "--parallel", "2", "--out", str(tmp_path)])
-    assert seen == [([0, 1], babi.RunConfig(batch_size=1, random_noise=0.1, select_epoch="any", link="both"))]
+                   "--link", "both", "--init-std", "0.316", "--runs", "3", "--parallel", "2", "--out", str(tmp_path)])
+    assert seen == [([0, 1], babi.RunConfig(batch_size=1, random_noise=0.1, select_epoch="any", link="both", init_std=0.316))]
 
 
 @needs_data

@@ -165,14 +165,14 @@ class BabiModel(nn.Module):
     """
 
     def __init__(self, kind: str, vocab_size: int, hops: int, dim: int = 20, memory_size: int = 25, link: str = "outputs",
-                 random_noise: float = 0.0, replicas: int = 1):
+                 random_noise: float = 0.0, replicas: int = 1, init_std: float = 0.1):
         super().__init__()
         if kind not in MODELS:
             raise ValueError(f"kind: expected one of {MODELS}, got {kind!r}")
         self.kind, self.hops, self.dim, self.random_noise, self.replicas = kind, hops, dim, random_noise, replicas
         self.vocab_size, self.memory_size, self.link = vocab_size, memory_size, link
-        self.embeddings = nn.Parameter(0.1 * torch.randn(replicas, hops + 1, vocab_size + 1, dim))
-        self.temporal = nn.Parameter(0.1 * torch.randn(replicas, hops + 1, memory_size, dim))
+        self.embeddings = nn.Parameter(init_std * torch.randn(replicas, hops + 1, vocab_size + 1, dim))
+        self.temporal = nn.Parameter(init_std * torch.randn(replicas, hops + 1, memory_size, dim))
         with torch.no_grad():
             self.embeddings[:, :, 0] = 0
         if kind == "memn2n":
@@ -265,12 +265,12 @@ class BabiModel(nn.Module):
 
 
 def build_model(kind: str, task: Task, hops: int | None = None, dim: int = 20, link: str = "outputs",
-                random_noise: float = 0.0) -> BabiModel:
+                random_noise: float = 0.0, init_std: float = 0.1) -> BabiModel:
     """A fresh :class:`BabiModel` for ``task`` (``hops`` defaults to the paper's K; ``link``: the
     binary CRF's link term, :class:`~structures.nn.HopAttention`; ``random_noise``: the fraction
-    of :func:`noisy_recency`)."""
+    of :func:`noisy_recency`; ``init_std``: the standard deviation of the embeddings' normal initialization)."""
     return BabiModel(kind, len(task.vocab), hops or hops_for(task.number), dim, task.train.stories.shape[1], link,
-                     random_noise)
+                     random_noise, init_std=init_std)
 
 
 def train_epoch(model: BabiModel, data: Batch, optimizer: torch.optim.Optimizer, batch_size: int = 32,
@@ -334,6 +334,7 @@ class RunConfig:
     dim: int = 20
     link: str = "outputs"
     random_noise: float = 0.0
+    init_std: float = 0.1
     select_epoch: str = "last"  # one of SELECT_EPOCH: the last epoch, the best after the linear start, the best of all
 
 
@@ -355,7 +356,8 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     singles = []
     for seed in seeds:
         torch.manual_seed(seed)
-        singles.append(build_model(kind, task, dim=config.dim, link=config.link, random_noise=config.random_noise))
+        singles.append(build_model(kind, task, dim=config.dim, link=config.link, random_noise=config.random_noise,
+                                   init_std=config.init_std))
     model = BabiModel.stack(singles)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     generators = [torch.Generator().manual_seed(seed) for seed in seeds]
@@ -548,6 +550,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="keep each run's model after its best epoch on validation: among the epochs after the linear start "
                              "(softmax, the default without a value) or all of them, a linear-start model kept linear (any: "
                              "Kim et al.'s code); default: the last epoch")
+    parser.add_argument("--init-std", type=float, default=0.1,
+                        help="standard deviation of the embeddings' normal initialization (0.1: Sukhbaatar et al.; "
+                             "Kim et al.'s train-qa.lua draws every parameter with 1/sqrt(10) = 0.316)")
     parser.add_argument("--batch-size", type=int, default=32,
                         help="questions per SGD step, loss summed (32: A.4 and Sukhbaatar et al.; 1: Kim et al.'s train-qa.lua)")
     parser.add_argument("--runs", type=int, default=1, help="initializations per task and model; the best on validation is reported")
@@ -570,7 +575,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.quick:
         args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
     config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every, link=args.link,
-                       random_noise=args.random_noise, select_epoch=args.select_epoch, batch_size=args.batch_size)
+                       random_noise=args.random_noise, select_epoch=args.select_epoch, batch_size=args.batch_size,
+                       init_std=args.init_std)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m structures.experiments.babi " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     plot_kind = "binary" if "binary" in args.models else args.models[0]

@@ -166,10 +166,7 @@ class Translator(nn.Module):
         if self.attention == "structured":
             out = self.heads(words, values, lengths)
             return out.context, out.distribution
-        beta = flat_marginals(self.heads.arc_scores(words), lengths)
-        B = values.shape[0]
-        with_root = torch.cat([self.heads.root_embedding.to(values.dtype).expand(B, 1, -1), values], 1)
-        return beta[:, :, 1:].transpose(-1, -2) @ with_root, None
+        return self.heads.read(flat_marginals(self.heads.arc_scores(words), lengths), values), None
 
     def forward(self, source: Tensor, lengths: Tensor, inputs: Tensor,
                 outputs: Tensor) -> tuple[Tensor, StructuredDistribution | None]:
@@ -352,11 +349,12 @@ def draw(model: Translator, sentences: Sequence[Sentence], index: dict[str, int]
     left.plot(epochs[1:], [c["loss"] for c in curve[1:]], marker=".")
     left.set_xlabel("epoch")
     left.set_ylabel("cross-entropy (nats a target word)")
-    for key in ("DA_p", "UA_p"):
-        right.plot(epochs, [c[key] for c in curve], marker=".", label=f"induced {key}")
     chains = {k: score_trees(sentences, v) for k, v in chain_trees(sentences).items()}
-    for k, style in (("left-branching", ":"), ("right-branching", "--")):
-        right.axhline(100 * chains[k]["undirected_no_punct"], color="gray", linestyle=style, label=f"{k} UA_p")
+    for key, score, color in (("DA_p", "directed_no_punct", "C0"), ("UA_p", "undirected_no_punct", "C1")):
+        right.plot(epochs, [c[key] for c in curve], marker=".", color=color, label=f"induced {key}")
+        for k, style in (("left-branching", ":"), ("right-branching", "--")):  # the values in the legend: the UA_p lines may coincide
+            value = 100 * chains[k][score]
+            right.axhline(value, color=color, linestyle=style, alpha=0.6, label=f"{k} {key} {value:.1f}")
     right.set_xlabel("epoch")
     right.set_ylabel("attachment, no punctuation (%)")
     right.legend(fontsize=7)

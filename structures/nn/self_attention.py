@@ -119,17 +119,22 @@ class StructuredSelfAttention(nn.Module):
         if self.hard:
             # exact one-hot arcs forward (x - x is exactly 0), the marginals' gradient backward
             attention = distribution.argmax + (attention - attention.detach())
+        return AttentionOutput(self.read(attention, values, lengths), attention, distribution)
+
+    def read(self, attention: Tensor, values: Tensor, lengths: Tensor | None = None) -> Tensor:
+        """The context (per ``output``, eqs. 16-18) that arc weights ``attention [B, N+1, N+1]`` (the
+        convention of ``forward``'s: the tree marginals, or any other head weights, e.g. a flat
+        softmax's) give over ``values [B, N, V]``, which are 0 at padded words."""
         B, N = values.shape[:2]
         with_root = torch.cat([self.root_embedding.to(values.dtype).expand(B, 1, -1), values], 1)
         parent = attention[:, :, 1:].transpose(-1, -2) @ with_root  # eq. 16
         if self.output == "parent":
-            return AttentionOutput(parent, attention, distribution)
+            return parent
         children = attention[:, 1:, 1:] @ values  # eq. 17
         if self.output == "parent_children":
-            return AttentionOutput(torch.cat([parent, children], -1), attention, distribution)
+            return torch.cat([parent, children], -1)
         real = position_mask(lengths, B, N, values.device).unsqueeze(-1)
-        context = torch.tanh(self.update(torch.cat([values, parent, children], -1))) * real  # eq. 18
-        return AttentionOutput(context, attention, distribution)
+        return torch.tanh(self.update(torch.cat([values, parent, children], -1))) * real  # eq. 18
 
     def _check(self, states: Tensor, values: Tensor | None, lengths: Tensor | None, mask: Tensor | None = None):
         D = self.state_dim
