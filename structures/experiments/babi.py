@@ -154,7 +154,9 @@ class BabiModel(nn.Module):
     ``E_0`` and the answer scores are ``(final query) E_K^T``. MemN2N's final query is
     ``q^K + c^K``; the CRFs' ``q^K + c`` with ``q^{k+1} = Q q^k`` (``Q`` initialized to the identity).
     ``link`` is the binary CRF's link term (:class:`~structures.nn.HopAttention`); ``random_noise``
-    the fraction of :func:`noisy_recency` used while training (0: none).
+    the fraction of :func:`noisy_recency` used while training (0: none); ``init_std`` the standard
+    deviation of the embeddings' and temporal encodings' normal draw (0.1: Sukhbaatar et al.'s;
+    Kim et al.'s code: 1/√10).
 
     Every parameter has the replica first: ``embeddings [R, K+1, V+1, D]`` (row 0, padding, is 0
     and stays 0: padded words have position weight 0), ``temporal [R, K+1, M, D]``, ``query_map

@@ -166,7 +166,7 @@ class Translator(nn.Module):
         if self.attention == "structured":
             out = self.heads(words, values, lengths)
             return out.context, out.distribution
-        return self.heads.read(flat_marginals(self.heads.arc_scores(words), lengths), values), None
+        return self.heads.read(flat_marginals(self.heads.arc_scores(words), lengths), values, lengths), None
 
     def forward(self, source: Tensor, lengths: Tensor, inputs: Tensor,
                 outputs: Tensor) -> tuple[Tensor, StructuredDistribution | None]:

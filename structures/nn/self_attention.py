@@ -122,9 +122,10 @@ class StructuredSelfAttention(nn.Module):
         return AttentionOutput(self.read(attention, values, lengths), attention, distribution)
 
     def read(self, attention: Tensor, values: Tensor, lengths: Tensor | None = None) -> Tensor:
-        """The context (per ``output``, eqs. 16-18) that arc weights ``attention [B, N+1, N+1]`` (the
-        convention of ``forward``'s: the tree marginals, or any other head weights, e.g. a flat
-        softmax's) give over ``values [B, N, V]``, which are 0 at padded words."""
+        """The context ``[B, N, V]`` (``[B, N, 2V]`` for ``"parent_children"``; eqs. 16-18) that arc
+        weights ``attention [B, N+1, N+1]`` give over ``values [B, N, V]``: ``forward``'s convention,
+        its tree marginals or any other head weights (e.g. a flat softmax's), 0 in the rows and
+        columns of padded words (beyond ``lengths``)."""
         B, N = values.shape[:2]
         with_root = torch.cat([self.root_embedding.to(values.dtype).expand(B, 1, -1), values], 1)
         parent = attention[:, :, 1:].transpose(-1, -2) @ with_root  # eq. 16
