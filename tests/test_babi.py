@@ -102,6 +102,30 @@ def test_select_epoch_any_may_keep_a_linear_start_model_linear(task2):
 
 
 @needs_data
+def test_the_linear_start_may_end_when_the_validation_loss_stops_decreasing(task2):
+    """Sukhbaatar et al. §4.2: the softmax comes back after the first epoch whose validation loss is
+    not below the best before it; the rest of the run is the run with that fixed linear start."""
+    cap = 8
+
+    def linear_validation_loss(epochs: int) -> float:
+        model = babi.train_runs("memn2n", task2, [0], babi.RunConfig(epochs=epochs, linear_start=cap))[0][0]
+        model.linear = True
+        return babi.evaluate(model, task2.valid)["loss"].item()
+
+    losses = [linear_validation_loss(e) for e in range(1, cap + 1)]
+    stops = [e + 1 for e in range(1, cap) if not losses[e] < min(losses[:e])]
+    expected = stops[0] if stops else cap
+    assert expected < cap  # the rule fires here, so the test sees it
+    config = babi.RunConfig(epochs=expected + 2, linear_start=cap, linear_start_plateau=True)
+    model, result = babi.train_runs("memn2n", task2, [0], config)[0]
+    again = babi.train_runs("memn2n", task2, [0], babi.RunConfig(epochs=expected + 2, linear_start=expected))[0][1]
+    assert result["linear_epochs"] == expected and not model.linear
+    assert result["test_answer"] == again["test_answer"] and result["valid_loss"] == again["valid_loss"]
+    with pytest.raises(ValueError, match="one run at a time"):
+        babi.train_runs("memn2n", task2, [0, 1], config)
+
+
+@needs_data
 def test_memories_are_padded_to_the_longest_story_only():
     task = babi.load_task(16, DATA)  # every task 16 story has 9 statements
     assert task.train.stories.shape[1] == task.test.stories.shape[1] == 9 and (task.test.lengths == 9).all()
@@ -225,6 +249,9 @@ def test_options_that_cannot_run_are_refused_before_any_training(capsys):
     with pytest.raises(SystemExit):
         babi.main(["--tasks", "1", "2", "--models", "memn2n", "binary", "--data-dir", "/nonexistent"])
     assert "the binary hop chain needs K >= 2 hops; tasks [1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        babi.main(["--tasks", "2", "--linear-start-plateau", "--parallel", "2", "--data-dir", "/nonexistent"])
+    assert "--linear-start-plateau: each run leaves the linear start at its own epoch" in capsys.readouterr().err
 
 
 @needs_data
@@ -240,6 +267,9 @@ def test_the_command_line_schedule_reaches_every_run(monkeypatch, tmp_path):
         babi.main(["--tasks", "2", "--models", "binary", "--batch-size", "1", "--random-noise", "0.1", "--select-epoch", "any",
                    "--link", "both", "--init-std", "0.316", "--runs", "3", "--parallel", "2", "--out", str(tmp_path)])
     assert seen == [([0, 1], babi.RunConfig(batch_size=1, random_noise=0.1, select_epoch="any", link="both", init_std=0.316))]
+    with pytest.raises(KeyboardInterrupt):
+        babi.main(["--tasks", "2", "--models", "memn2n", "--linear-start", "40", "--linear-start-plateau", "--out", str(tmp_path)])
+    assert seen[1] == ([0], babi.RunConfig(linear_start=40, linear_start_plateau=True))
 
 
 @needs_data

@@ -337,6 +337,7 @@ class RunConfig:
     link: str = "outputs"
     random_noise: float = 0.0
     init_std: float = 0.1
+    linear_start_plateau: bool = False  # leave the linear start once the validation loss stops decreasing
     select_epoch: str = "last"  # one of SELECT_EPOCH: the last epoch, the best after the linear start, the best of all
 
 
@@ -351,9 +352,17 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     epoch; ``"softmax"`` the one after the epoch with the best validation answer accuracy (the first
     of equals) among the epochs after the linear start; ``"any"`` among all epochs, a linear-start
     model kept linear, as Kim et al.'s ``train-qa.lua`` keeps its best held-out model from the first
-    epoch on. ``epoch`` (1-based) says which, ``linear`` whether it is a linear-start model."""
+    epoch on. ``epoch`` (1-based) says which, ``linear`` whether it is a linear-start model.
+
+    ``config.linear_start`` is the number of linear-start epochs; with ``config.linear_start_plateau``
+    it is at most that: the linear start ends after the first epoch whose validation loss is not
+    below the best before it, Sukhbaatar et al.'s rule (§4.2: "when the validation loss stopped
+    decreasing, the softmax layers were re-inserted"; their code runs a fixed 20 epochs). Each run
+    then leaves it at its own epoch, so the runs are trained one at a time (one seed)."""
     if config.select_epoch not in SELECT_EPOCH:
         raise ValueError(f"select_epoch: expected one of {SELECT_EPOCH}, got {config.select_epoch!r}")
+    if config.linear_start_plateau and len(seeds) != 1:
+        raise ValueError(f"seeds: linear_start_plateau trains one run at a time, got {len(seeds)} seeds")
     start = time.perf_counter()
     singles = []
     for seed in seeds:
@@ -366,13 +375,20 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     R = len(seeds)
     best_score, best_epoch = torch.full((R,), -1.0), torch.full((R,), config.epochs)
     best_linear, best_state = torch.zeros(R, dtype=torch.bool), copy.deepcopy(model.state_dict())
+    linear_epochs, linear_loss = config.linear_start, math.inf
     for epoch in range(config.epochs):
-        model.linear = epoch < config.linear_start
+        model.linear = epoch < linear_epochs
         for group in optimizer.param_groups:
             group["lr"] = config.lr / 2 ** (epoch // config.decay_every)
         train_loss = train_epoch(model, task.train, optimizer, config.batch_size, generators=generators)
+        valid = None
+        if config.linear_start_plateau and model.linear:
+            valid = evaluate(model, task.valid)
+            if not valid["loss"].item() < linear_loss:
+                linear_epochs = epoch + 1
+            linear_loss = min(linear_loss, valid["loss"].item())
         if config.select_epoch == "any" or (config.select_epoch == "softmax" and not model.linear):
-            score = evaluate(model, task.valid)["answer"]
+            score = (evaluate(model, task.valid) if valid is None else valid)["answer"]
             better = score > best_score
             for name, value in model.state_dict().items():
                 best_state[name][better] = value[better]
@@ -387,7 +403,7 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
         single = model.replica(r)
         single.linear = bool(best_linear[r])
         valid, test = evaluate(single, task.valid), evaluate(single, task.test)
-        result = {"seed": seed, "train_loss": train_loss[r].item(), "valid_answer": valid["answer"].item(),
+        result = {"seed": seed, "train_loss": train_loss[r].item(), "linear_epochs": linear_epochs, "valid_answer": valid["answer"].item(),
                   "valid_loss": valid["loss"].item(), "test_answer": test["answer"].item(), "test_fact": test["fact"].item(),
                   "epoch": int(best_epoch[r]), "linear": single.linear, "replicas": R, "seconds": seconds,
                   "load": os.getloadavg()[0]}
@@ -539,6 +555,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--linear-start", type=int, default=20,
                         help="epochs of linear start: MemN2N without softmax, the CRFs' greedy linear hops")
+    parser.add_argument("--linear-start-plateau", action="store_true",
+                        help="end each run's linear start once its validation loss stops decreasing (Sukhbaatar et al. 2015, "
+                             "section 4.2), after at most --linear-start epochs; needs --parallel 1")
     parser.add_argument("--decay-every", type=int, default=25, help="epochs between halvings of the learning rate")
     parser.add_argument("--link", choices=("outputs", "inputs", "both"), default="outputs",
                         help="the binary CRF's link between hops: o^k_i . x^{k+1}_j (default), A.4's printed x^k_i . x^{k+1}_j, "
@@ -570,6 +589,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     one_hop = [t for t in args.tasks if hops_for(t) < 2]
     if args.parallel < 1:
         parser.error(f"--parallel: expected at least 1, got {args.parallel}")
+    if args.linear_start_plateau and args.parallel != 1:
+        parser.error("--linear-start-plateau: each run leaves the linear start at its own epoch; needs --parallel 1")
     if "binary" in args.models and one_hop:
         parser.error(f"--models binary: the binary hop chain needs K >= 2 hops; tasks {one_hop} have one (use memn2n or unary)")
     torch.set_num_threads(args.threads)
@@ -578,7 +599,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
     config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every, link=args.link,
                        random_noise=args.random_noise, select_epoch=args.select_epoch, batch_size=args.batch_size,
-                       init_std=args.init_std)
+                       init_std=args.init_std, linear_start_plateau=args.linear_start_plateau)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m structures.experiments.babi " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     plot_kind = "binary" if "binary" in args.models else args.models[0]
