@@ -332,9 +332,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 def draw(model: Translator, sentences: Sequence[Sentence], index: dict[str, int], trees: dict[str, list[list[int]]],
          curve: list[dict], out: Path, name: str, shortest: int = 8, longest: int = 14) -> None:
     """Arc diagrams (gold, induced, chains) of one short sentence, the heatmap of the layer's arc
-    marginals on it, and the learning curve (loss, DA-p, UA-p after every epoch)."""
-    import matplotlib.pyplot as plt
-
+    marginals on it, and the learning curve (:func:`draw_curve`)."""
     from .arcs import draw_marginals, draw_trees
 
     i = next((k for k, s in enumerate(sentences) if shortest <= s.n <= longest), 0)
@@ -344,6 +342,14 @@ def draw(model: Translator, sentences: Sequence[Sentence], index: dict[str, int]
     theta = model.tree_scores(source, lengths)
     marginals = model.heads.structure(theta, lengths, True).marginals if model.attention == "structured" else flat_marginals(theta, lengths)
     draw_marginals(s.words, marginals[0].tolist(), out / f"{name}_marginals.png", gold=list(s.heads), title="arc marginals (plain sentence)")
+    draw_curve(curve, sentences, out / f"{name}_curve.png")
+
+
+def draw_curve(curve: list[dict], sentences: Sequence[Sentence], path: Path) -> None:
+    """The learning curve: the loss, and the induced trees' DA-p and UA-p after every epoch (rows of
+    ``curve``, as in ``<name>_epochs.csv``) beside the chains' on ``sentences``."""
+    import matplotlib.pyplot as plt
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
     epochs = [c["epoch"] for c in curve]
     left.plot(epochs[1:], [c["loss"] for c in curve[1:]], marker=".")
@@ -359,7 +365,7 @@ def draw(model: Translator, sentences: Sequence[Sentence], index: dict[str, int]
     right.set_ylabel("attachment, no punctuation (%)")
     right.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / f"{name}_curve.png", dpi=90)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
