@@ -102,10 +102,12 @@ def test_select_epoch_any_may_keep_a_linear_start_model_linear(task2):
 
 
 @needs_data
-def test_the_linear_start_may_end_when_the_validation_loss_stops_decreasing(task2):
-    """Sukhbaatar et al. §4.2: the softmax comes back after the first epoch whose validation loss is
-    not below the best before it; the rest of the run is the run with that fixed linear start."""
-    cap = 8
+@pytest.mark.parametrize("patience", [1, 2])
+def test_the_linear_start_may_end_when_the_validation_loss_stops_decreasing(task2, patience):
+    """Sukhbaatar et al. §4.2 (patience 1): the softmax comes back after ``patience`` epochs in a row
+    whose validation loss is not below the best before them; the rest of the run is the run with
+    that fixed linear start."""
+    cap = 10
 
     def linear_validation_loss(epochs: int) -> float:
         model = babi.train_runs("memn2n", task2, [0], babi.RunConfig(epochs=epochs, linear_start=cap))[0][0]
@@ -113,10 +115,11 @@ def test_the_linear_start_may_end_when_the_validation_loss_stops_decreasing(task
         return babi.evaluate(model, task2.valid)["loss"].item()
 
     losses = [linear_validation_loss(e) for e in range(1, cap + 1)]
-    stops = [e + 1 for e in range(1, cap) if not losses[e] < min(losses[:e])]
+    stalled = [not losses[e] < min(losses[:e], default=math.inf) for e in range(cap)]
+    stops = [e + 1 for e in range(cap) if all(stalled[e + 1 - patience: e + 1]) and e + 1 >= patience]
     expected = stops[0] if stops else cap
     assert expected < cap  # the rule fires here, so the test sees it
-    config = babi.RunConfig(epochs=expected + 2, linear_start=cap, linear_start_plateau=True)
+    config = babi.RunConfig(epochs=expected + 2, linear_start=cap, linear_start_patience=patience)
     model, result = babi.train_runs("memn2n", task2, [0], config)[0]
     again = babi.train_runs("memn2n", task2, [0], babi.RunConfig(epochs=expected + 2, linear_start=expected))[0][1]
     assert result["linear_epochs"] == expected and not model.linear
@@ -250,8 +253,8 @@ def test_options_that_cannot_run_are_refused_before_any_training(capsys):
         babi.main(["--tasks", "1", "2", "--models", "memn2n", "binary", "--data-dir", "/nonexistent"])
     assert "the binary hop chain needs K >= 2 hops; tasks [1]" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        babi.main(["--tasks", "2", "--linear-start-plateau", "--parallel", "2", "--data-dir", "/nonexistent"])
-    assert "--linear-start-plateau: each run leaves the linear start at its own epoch" in capsys.readouterr().err
+        babi.main(["--tasks", "2", "--linear-start-patience", "1", "--parallel", "2", "--data-dir", "/nonexistent"])
+    assert "--linear-start-patience: each run leaves the linear start at its own epoch" in capsys.readouterr().err
 
 
 @needs_data
@@ -268,8 +271,8 @@ def test_the_command_line_schedule_reaches_every_run(monkeypatch, tmp_path):
                    "--link", "both", "--init-std", "0.316", "--runs", "3", "--parallel", "2", "--out", str(tmp_path)])
     assert seen == [([0, 1], babi.RunConfig(batch_size=1, random_noise=0.1, select_epoch="any", link="both", init_std=0.316))]
     with pytest.raises(KeyboardInterrupt):
-        babi.main(["--tasks", "2", "--models", "memn2n", "--linear-start", "40", "--linear-start-plateau", "--out", str(tmp_path)])
-    assert seen[1] == ([0], babi.RunConfig(linear_start=40, linear_start_plateau=True))
+        babi.main(["--tasks", "2", "--models", "memn2n", "--linear-start", "40", "--linear-start-patience", "3", "--out", str(tmp_path)])
+    assert seen[1] == ([0], babi.RunConfig(linear_start=40, linear_start_patience=3))
 
 
 @needs_data

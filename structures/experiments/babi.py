@@ -337,7 +337,7 @@ class RunConfig:
     link: str = "outputs"
     random_noise: float = 0.0
     init_std: float = 0.1
-    linear_start_plateau: bool = False  # leave the linear start once the validation loss stops decreasing
+    linear_start_patience: int = 0  # > 0: leave the linear start after this many epochs without a lower validation loss
     select_epoch: str = "last"  # one of SELECT_EPOCH: the last epoch, the best after the linear start, the best of all
 
 
@@ -354,15 +354,16 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     model kept linear, as Kim et al.'s ``train-qa.lua`` keeps its best held-out model from the first
     epoch on. ``epoch`` (1-based) says which, ``linear`` whether it is a linear-start model.
 
-    ``config.linear_start`` is the number of linear-start epochs; with ``config.linear_start_plateau``
-    it is at most that: the linear start ends after the first epoch whose validation loss is not
-    below the best before it, Sukhbaatar et al.'s rule (§4.2: "when the validation loss stopped
-    decreasing, the softmax layers were re-inserted"; their code runs a fixed 20 epochs). Each run
-    then leaves it at its own epoch, so the runs are trained one at a time (one seed)."""
+    ``config.linear_start`` is the number of linear-start epochs; with ``config.linear_start_patience``
+    ``P > 0`` it is at most that: the linear start ends after ``P`` epochs in a row whose validation
+    loss is not below the best before them. ``P = 1`` is Sukhbaatar et al.'s rule read literally
+    (§4.2: "when the validation loss stopped decreasing, the softmax layers were re-inserted"; their
+    code runs a fixed 20 epochs). Each run then leaves it at its own epoch, so the runs are trained
+    one at a time (one seed)."""
     if config.select_epoch not in SELECT_EPOCH:
         raise ValueError(f"select_epoch: expected one of {SELECT_EPOCH}, got {config.select_epoch!r}")
-    if config.linear_start_plateau and len(seeds) != 1:
-        raise ValueError(f"seeds: linear_start_plateau trains one run at a time, got {len(seeds)} seeds")
+    if config.linear_start_patience and len(seeds) != 1:
+        raise ValueError(f"seeds: linear_start_patience trains one run at a time, got {len(seeds)} seeds")
     start = time.perf_counter()
     singles = []
     for seed in seeds:
@@ -375,18 +376,19 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     R = len(seeds)
     best_score, best_epoch = torch.full((R,), -1.0), torch.full((R,), config.epochs)
     best_linear, best_state = torch.zeros(R, dtype=torch.bool), copy.deepcopy(model.state_dict())
-    linear_epochs, linear_loss = config.linear_start, math.inf
+    linear_epochs, linear_loss, stalled = config.linear_start, math.inf, 0
     for epoch in range(config.epochs):
         model.linear = epoch < linear_epochs
         for group in optimizer.param_groups:
             group["lr"] = config.lr / 2 ** (epoch // config.decay_every)
         train_loss = train_epoch(model, task.train, optimizer, config.batch_size, generators=generators)
         valid = None
-        if config.linear_start_plateau and model.linear:
+        if config.linear_start_patience and model.linear:
             valid = evaluate(model, task.valid)
-            if not valid["loss"].item() < linear_loss:
-                linear_epochs = epoch + 1
+            stalled = 0 if valid["loss"].item() < linear_loss else stalled + 1
             linear_loss = min(linear_loss, valid["loss"].item())
+            if stalled == config.linear_start_patience:
+                linear_epochs = epoch + 1
         if config.select_epoch == "any" or (config.select_epoch == "softmax" and not model.linear):
             score = (evaluate(model, task.valid) if valid is None else valid)["answer"]
             better = score > best_score
@@ -555,9 +557,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--linear-start", type=int, default=20,
                         help="epochs of linear start: MemN2N without softmax, the CRFs' greedy linear hops")
-    parser.add_argument("--linear-start-plateau", action="store_true",
-                        help="end each run's linear start once its validation loss stops decreasing (Sukhbaatar et al. 2015, "
-                             "section 4.2), after at most --linear-start epochs; needs --parallel 1")
+    parser.add_argument("--linear-start-patience", type=int, default=0, metavar="P",
+                        help="end each run's linear start after P epochs without a lower validation loss (1: Sukhbaatar et al. "
+                             "2015, section 4.2, 'when the validation loss stopped decreasing'), after at most --linear-start "
+                             "epochs; needs --parallel 1 (default 0: always --linear-start epochs)")
     parser.add_argument("--decay-every", type=int, default=25, help="epochs between halvings of the learning rate")
     parser.add_argument("--link", choices=("outputs", "inputs", "both"), default="outputs",
                         help="the binary CRF's link between hops: o^k_i . x^{k+1}_j (default), A.4's printed x^k_i . x^{k+1}_j, "
@@ -589,8 +592,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     one_hop = [t for t in args.tasks if hops_for(t) < 2]
     if args.parallel < 1:
         parser.error(f"--parallel: expected at least 1, got {args.parallel}")
-    if args.linear_start_plateau and args.parallel != 1:
-        parser.error("--linear-start-plateau: each run leaves the linear start at its own epoch; needs --parallel 1")
+    if args.linear_start_patience < 0:
+        parser.error(f"--linear-start-patience: expected at least 0, got {args.linear_start_patience}")
+    if args.linear_start_patience and args.parallel != 1:
+        parser.error("--linear-start-patience: each run leaves the linear start at its own epoch; needs --parallel 1")
     if "binary" in args.models and one_hop:
         parser.error(f"--models binary: the binary hop chain needs K >= 2 hops; tasks {one_hop} have one (use memn2n or unary)")
     torch.set_num_threads(args.threads)
@@ -599,7 +604,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
     config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every, link=args.link,
                        random_noise=args.random_noise, select_epoch=args.select_epoch, batch_size=args.batch_size,
-                       init_std=args.init_std, linear_start_plateau=args.linear_start_plateau)
+                       init_std=args.init_std, linear_start_patience=args.linear_start_patience)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m structures.experiments.babi " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     plot_kind = "binary" if "binary" in args.models else args.models[0]
