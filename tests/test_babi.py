@@ -129,6 +129,24 @@ def test_the_linear_start_may_end_when_the_validation_loss_stops_decreasing(task
 
 
 @needs_data
+def test_unlinking_the_binary_crf_leaves_independent_hops_that_do_not_repeat(task2):
+    """Kim et al.'s code after its epoch 20: the binary chain without its link term."""
+    config = babi.RunConfig(epochs=3, linear_start=0, unlink_after=2)
+    model, result = babi.train_runs("binary", task2, [0], config)[0]
+    assert result["unlinked"] and model.attention.kind == "unary" and model.attention.no_repeat
+    assert babi.evaluate(model, task2.valid)["answer"] == result["valid_answer"]
+    _, out = model(task2.test)
+    assert out.distribution.decode().diff(dim=-1).ne(0).all()  # never the same fact twice
+    model.attention.kind = "binary"
+    assert babi.evaluate(model, task2.valid)["loss"] != result["valid_loss"]  # the link term mattered
+    linked = babi.train_runs("binary", task2, [0], babi.RunConfig(epochs=2, linear_start=0))[0][1]
+    kept = babi.train_runs("binary", task2, [0], babi.RunConfig(epochs=2, linear_start=0, unlink_after=2))[0][1]
+    assert not kept["unlinked"] and kept["test_answer"] == linked["test_answer"] and kept["valid_loss"] == linked["valid_loss"]
+    with pytest.raises(ValueError, match="only the binary CRF"):
+        babi.train_runs("memn2n", task2, [0], config)
+
+
+@needs_data
 def test_memories_are_padded_to_the_longest_story_only():
     task = babi.load_task(16, DATA)  # every task 16 story has 9 statements
     assert task.train.stories.shape[1] == task.test.stories.shape[1] == 9 and (task.test.lengths == 9).all()
@@ -255,6 +273,9 @@ def test_options_that_cannot_run_are_refused_before_any_training(capsys):
     with pytest.raises(SystemExit):
         babi.main(["--tasks", "2", "--linear-start-patience", "1", "--parallel", "2", "--data-dir", "/nonexistent"])
     assert "--linear-start-patience: each run leaves the linear start at its own epoch" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        babi.main(["--tasks", "2", "--models", "memn2n", "binary", "--unlink-after", "20", "--data-dir", "/nonexistent"])
+    assert "--unlink-after: only the binary CRF" in capsys.readouterr().err
 
 
 @needs_data
@@ -273,6 +294,9 @@ def test_the_command_line_schedule_reaches_every_run(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         babi.main(["--tasks", "2", "--models", "memn2n", "--linear-start", "40", "--linear-start-patience", "3", "--out", str(tmp_path)])
     assert seen[1] == ([0], babi.RunConfig(linear_start=40, linear_start_patience=3))
+    with pytest.raises(KeyboardInterrupt):
+        babi.main(["--tasks", "2", "--models", "binary", "--unlink-after", "20", "--out", str(tmp_path)])
+    assert seen[2] == ([0], babi.RunConfig(unlink_after=20))
 
 
 @needs_data

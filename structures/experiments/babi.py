@@ -338,6 +338,7 @@ class RunConfig:
     random_noise: float = 0.0
     init_std: float = 0.1
     linear_start_patience: int = 0  # > 0: leave the linear start after this many epochs without a lower validation loss
+    unlink_after: int | None = None  # the binary CRF's hops independent (no repeats) after this many epochs
     select_epoch: str = "last"  # one of SELECT_EPOCH: the last epoch, the best after the linear start, the best of all
 
 
@@ -359,9 +360,17 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     loss is not below the best before them. ``P = 1`` is Sukhbaatar et al.'s rule read literally
     (§4.2: "when the validation loss stopped decreasing, the softmax layers were re-inserted"; their
     code runs a fixed 20 epochs). Each run then leaves it at its own epoch, so the runs are trained
-    one at a time (one seed)."""
+    one at a time (one seed).
+
+    ``config.unlink_after = N`` (binary CRF only) trains the pairwise chain for ``N`` epochs and
+    from then on its hops without the link term, ``θ(i, j) = s_1(i) + s_2(j)``, ``-inf`` for
+    ``i = j`` (``HopAttention("unary", no_repeat=True)``): what Kim et al.'s ``train-qa.lua`` trains
+    after its epoch-20 ``LogSoftMax`` zeroes the pairwise term (docs/babi.md). ``unlinked`` says
+    whether the kept model is such a one."""
     if config.select_epoch not in SELECT_EPOCH:
         raise ValueError(f"select_epoch: expected one of {SELECT_EPOCH}, got {config.select_epoch!r}")
+    if config.unlink_after is not None and kind != "binary":
+        raise ValueError(f"unlink_after: only the binary CRF has a link term, got {kind!r}")
     if config.linear_start_patience and len(seeds) != 1:
         raise ValueError(f"seeds: linear_start_patience trains one run at a time, got {len(seeds)} seeds")
     start = time.perf_counter()
@@ -379,6 +388,8 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     linear_epochs, linear_loss, stalled = config.linear_start, math.inf, 0
     for epoch in range(config.epochs):
         model.linear = epoch < linear_epochs
+        if config.unlink_after is not None:
+            model.attention.kind = "unary" if epoch >= config.unlink_after else "binary"
         for group in optimizer.param_groups:
             group["lr"] = config.lr / 2 ** (epoch // config.decay_every)
         train_loss = train_epoch(model, task.train, optimizer, config.batch_size, generators=generators)
@@ -404,10 +415,13 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     for r, seed in enumerate(seeds):
         single = model.replica(r)
         single.linear = bool(best_linear[r])
+        unlinked = config.unlink_after is not None and int(best_epoch[r]) > config.unlink_after
+        if unlinked:
+            single.attention.kind = "unary"
         valid, test = evaluate(single, task.valid), evaluate(single, task.test)
         result = {"seed": seed, "train_loss": train_loss[r].item(), "linear_epochs": linear_epochs, "valid_answer": valid["answer"].item(),
                   "valid_loss": valid["loss"].item(), "test_answer": test["answer"].item(), "test_fact": test["fact"].item(),
-                  "epoch": int(best_epoch[r]), "linear": single.linear, "replicas": R, "seconds": seconds,
+                  "epoch": int(best_epoch[r]), "linear": single.linear, "unlinked": unlinked, "replicas": R, "seconds": seconds,
                   "load": os.getloadavg()[0]}
         if not math.isfinite(result["train_loss"]):
             result["valid_answer"] = -1.0  # a diverged run is never the best one
@@ -565,6 +579,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--link", choices=("outputs", "inputs", "both"), default="outputs",
                         help="the binary CRF's link between hops: o^k_i . x^{k+1}_j (default), A.4's printed x^k_i . x^{k+1}_j, "
                              "or their sum")
+    parser.add_argument("--unlink-after", type=int, metavar="N",
+                        help="binary CRF: after N epochs drop the link term, leaving independent hops that may not repeat a "
+                             "fact (what Kim et al.'s train-qa.lua trains after its epoch-20 LogSoftMax; default: never)")
     parser.add_argument("--split", choices=("last", "random"), default="last",
                         help="validation questions: the training file's last 10%% (default; Sukhbaatar et al.'s and Kim et al.'s code) "
                              "or a seeded random 10%% (before 2026-11-26; shares stories, even identical questions, with training)")
@@ -596,6 +613,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         parser.error(f"--linear-start-patience: expected at least 0, got {args.linear_start_patience}")
     if args.linear_start_patience and args.parallel != 1:
         parser.error("--linear-start-patience: each run leaves the linear start at its own epoch; needs --parallel 1")
+    if args.unlink_after is not None and args.models != ["binary"]:
+        parser.error("--unlink-after: only the binary CRF has a link term (--models binary)")
     if "binary" in args.models and one_hop:
         parser.error(f"--models binary: the binary hop chain needs K >= 2 hops; tasks {one_hop} have one (use memn2n or unary)")
     torch.set_num_threads(args.threads)
@@ -604,7 +623,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         args.tasks, args.epochs, args.linear_start, args.runs, limit = args.tasks[:1], 3, 1, 1, 200
     config = RunConfig(epochs=args.epochs, linear_start=args.linear_start, decay_every=args.decay_every, link=args.link,
                        random_noise=args.random_noise, select_epoch=args.select_epoch, batch_size=args.batch_size,
-                       init_std=args.init_std, linear_start_patience=args.linear_start_patience)
+                       init_std=args.init_std, linear_start_patience=args.linear_start_patience, unlink_after=args.unlink_after)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m structures.experiments.babi " + " ".join(argv if argv is not None else __import__("sys").argv[1:])
     plot_kind = "binary" if "binary" in args.models else args.models[0]
