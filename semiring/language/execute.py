@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from . import kernel
+from . import kernel, triton_levels
 from .fuse import ARENA
 from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
@@ -32,10 +32,11 @@ KEEP = 1.25  # the Log weights a run keeps for its backward, in numbers per numb
 class Run:
     """One run of a plan in a semiring: ``names`` the inputs (program order), ``lengths`` a dict
     from length names to ``[B]`` tensors (a length left out, or None: the largest); ``native``:
-    the C kernel runs the levels it packs (:func:`.kernel.applies`)."""
+    the module whose kernels run the levels it packs (:mod:`.kernel`, the C loop on the CPU, or
+    :mod:`.triton_levels` on a GPU; None: torch calls only), as :func:`native` chooses."""
 
     def __init__(self, plan: Plan, semiring: Semiring, names: list[str], lengths: dict[str, Tensor] | None, batch: int,
-                 native: bool = False):
+                 native=None):
         self.plan, self.semiring, self.names, self.lengths, self.batch = plan, semiring, names, lengths, batch
         self.native = native
         self.lead = semiring.extra
@@ -171,12 +172,15 @@ class Run:
         yield from enumerate(self.plan.fused if fused else self.plan.levels)
         yield len(self.plan.levels), self.plan.goal
 
-    def kernel(self, buf: dict[str, Tensor], dual: bool) -> kernel.Bound | None:
-        """The C kernel of the in-place levels on ``buf`` (:mod:`.kernel`), or None where it does not apply."""
-        if dual or not self.native:
+    def kernel(self, buf: dict[str, Tensor], dual: bool) -> kernel.Bound | triton_levels.Bound | None:
+        """The native kernels of the in-place levels on ``buf``, or None where they do not apply."""
+        if dual or self.native is None:
             return None
-        return kernel.bind(self.plan, [steps for _, steps in self.all_steps(fused=True)], _backward_order, self.semiring,
-                           buf, self.batch)
+        levels = [steps for _, steps in self.all_steps(fused=True)]
+        if self.native is triton_levels:
+            skip = {lev for scan in self.scans(dual).values() for lev in range(scan.start, scan.stop)}
+            return triton_levels.bind(self.plan, levels, _backward_order, self.semiring, buf, self.batch, skip)
+        return kernel.bind(self.plan, levels, _backward_order, self.semiring, buf, self.batch)
 
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
         """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``)."""
@@ -446,6 +450,15 @@ class Run:
                 for v in step.heads:
                     buf[v.source] = self.put(buf[v.source], v, value, step.accumulate)
         return self.select_goal(buf[GOAL])
+
+
+def native(semiring: Semiring, inputs):
+    """The module of the kernels a run of ``semiring`` on these input tensors takes:
+    :mod:`.triton_levels` (CUDA), :mod:`.kernel` (the CPU's C loop), or None (torch calls)."""
+    for module in (triton_levels, kernel):
+        if module.applies(semiring, inputs):
+            return module
+    return None
 
 
 class _Grads(dict):

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
+from .pack import Packed, packed
 from .plan import Plan, Step
 from .syntax import GOAL
 
@@ -32,7 +33,6 @@ try:  # built at install time where a C compiler is (setup.py)
 except ImportError:  # pragma: no cover - the torch path runs instead
     _kernel = None
 
-_MAX_DIMS, _MAX_READS = 16, 32  # coordinates and terms of a step (_kernel.c's MAXDIM, MAXREADS)
 _enabled = True
 
 
@@ -50,41 +50,6 @@ def disabled() -> Iterator[None]:
 def available() -> bool:
     """Whether the C kernel is built and enabled."""
     return _kernel is not None and _enabled
-
-
-class Packed:
-    """A plan's levels as kernel descriptors: ``forward[lev]`` / ``backward[lev]`` (None: the level
-    runs as torch calls), ``keys`` the buffers they read and write (a descriptor names them by
-    their index here)."""
-
-    def __init__(self, levels: list[list[Step]], backward_order):
-        self.keys: list[str] = []
-        index: dict[str, int] = {}
-
-        def key(name: str) -> int:
-            if name not in index:
-                index[name] = len(self.keys)
-                self.keys.append(name)
-            return index[name]
-
-        self.forward: list[np.ndarray | None] = []
-        self.backward: list[np.ndarray | None] = []
-        for steps in levels:
-            packed = [_pack(step, key) for step in steps]
-            if any(p is None for p in packed):
-                self.forward.append(None)
-                self.backward.append(None)
-                continue
-            by_step = {id(s): p for s, p in zip(steps, packed)}
-            self.forward.append(_level(packed))
-            self.backward.append(_level([by_step[id(s)] for group in backward_order(steps) for s in group]))
-
-
-def packed(plan: Plan, levels: list[list[Step]], backward_order) -> Packed:
-    """The plan's :class:`Packed` levels (``levels``: the fused levels, the goal's last), once per plan."""
-    if plan.packed is None:
-        plan.packed = Packed(levels, backward_order)
-    return plan.packed
 
 
 class Bound:
@@ -144,22 +109,3 @@ def _table(buf, keys: list[str]) -> np.ndarray:
     return out
 
 
-def _pack(step: Step, key) -> list[int] | None:
-    """One step's part of a level descriptor (``_kernel.c``), or None where the kernel cannot run it."""
-    views = [v for v in step.reads if v is not None] + step.heads
-    n, nL = len(step.sizes), step.form.n_free
-    if n > _MAX_DIMS or len(views) - len(step.heads) > _MAX_READS or any(v.gather or v.lookups for v in views):
-        return None
-    out = [n, nL, len(views) - len(step.heads), len(step.heads), len(step.masks), int(step.accumulate), int(step.shared), *step.sizes]
-    for v in step.reads:
-        if v is not None:  # (outer terms vary with the L coordinates only: stride 0 over K)
-            out += [key(v.source), v.offset, *v.strides, *[0] * (n - len(v.strides))]
-    for v in step.heads:
-        out += [key(v.source), v.offset, *v.strides]
-    for coeffs, const, op in step.masks:
-        out += [0 if op == ">=" else 1, const, *[coeffs.get(c, 0) for c in range(n)]]
-    return out
-
-
-def _level(steps: list[list[int]]) -> np.ndarray:
-    return np.array([len(steps), *[x for s in steps for x in s]], dtype=np.int64)

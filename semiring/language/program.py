@@ -12,9 +12,8 @@ import torch
 from torch import Tensor
 
 from ..semirings import Log, Semiring
-from . import kernel
 from .autodiff import Tape
-from .execute import Run
+from .execute import Run, native
 from .factor import eliminate, factor
 from .fuse import fuse
 from .levels import find_levels
@@ -229,7 +228,7 @@ class Program:
         these) and looked-up indices already checked: nothing here reads a value on the host."""
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
-        run = Run(self.plan(shapes), semiring, list(elements), lengths, batch, native=kernel.applies(semiring, elements.values()))
+        run = Run(self.plan(shapes), semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
         return Tape.apply(run, *elements.values())
 
 

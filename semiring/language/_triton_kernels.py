@@ -1,0 +1,234 @@
+"""The Triton kernels of :mod:`.triton_levels`: the twins of ``_kernel.c``'s loops, reading the same
+descriptors (:mod:`.pack`). Imported only when a run takes them (this module imports Triton).
+
+One program per example runs a whole stretch of levels: a level's items depend only on earlier
+levels of their own example, so the program loops over the levels and their steps inside, a barrier
+between steps (each step's writes are visible to the next within the block), and the stretch costs
+one launch. A step's box is walked in tiles of ``BI`` items by ``BK`` instances: the position of a
+term at (item i, instance k) is ``offset + Σ_{d < nL} stride_d coord_d(i) + Σ_{d >= nL} stride_d
+coord_d(k)``, the item part a ``[BI]`` vector and the instance part a ``[BK]`` vector (their
+coordinates unravelled once per tile, not per instance), and so are the masks' affine forms. The
+backward recomputes the terms and adds each instance's weight into the gradients with atomic adds
+(several items, and several examples where an input is shared by the batch, read one position).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _along(idx, sizes, strides, lo, hi):
+    """``Σ_{lo <= d < hi} strides[d] * c_d`` where ``idx`` (any shape) is the linear index of the
+    coordinates ``c_lo..c_{hi-1}`` over ``sizes[lo:hi]``, the last fastest."""
+    out = idx * 0
+    rest = idx
+    for j in range(hi - lo):
+        d = hi - 1 - j
+        size = tl.load(sizes + d)
+        out += (rest % size) * tl.load(strides + d)
+        rest = rest // size
+    return out
+
+
+@triton.jit
+def _address(table, src, b, DTYPE: tl.constexpr):
+    """Where example ``b`` of buffer ``src`` starts (the table holds (address, batch stride) per buffer)."""
+    at = tl.load(table + 2 * src)
+    return at.to(tl.pointer_type(DTYPE), bitcast=True) + b * tl.load(table + 2 * src + 1)
+
+
+@triton.jit
+def _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, valid, DTYPE: tl.constexpr):
+    """``[BI, BK]``: the sum of the step's reads at (item, instance), -inf where no instance is."""
+    t = tl.zeros(valid.shape, DTYPE)
+    for r in range(R):
+        rd = reads + r * (2 + n)
+        x = _address(table, tl.load(rd), b, DTYPE) + tl.load(rd + 1)
+        at = _along(items, sizes, rd + 2, 0, nL)[:, None] + _along(ks, sizes, rd + 2, nL, n)[None, :]
+        t += tl.load(x + at, mask=valid, other=0.0)
+    for j in range(M):
+        md = masks + j * (2 + n)
+        e = tl.load(md + 1) + _along(items, sizes, md + 2, 0, nL)[:, None] + _along(ks, sizes, md + 2, nL, n)[None, :]
+        valid = valid & tl.where(tl.load(md) == 0, e >= 0, e != 0)
+    return tl.where(valid, t, float("-inf"))
+
+
+@triton.jit
+def _logaddexp(a, b):
+    """``_kernel.c``'s logaddexp: NaN propagates, an infinite max is the answer."""
+    m = tl.maximum(a, b)
+    lo = tl.minimum(a, b)
+    r = m + tl.log(1.0 + tl.exp(lo - m))
+    r = tl.where((m == float("inf")) | (m == float("-inf")), m, r)
+    return tl.where((a != a) | (b != b), a + b, r)
+
+
+@triton.jit
+def _best(reads, masks, R, M, n, nL, sizes, table, b, items, iv, K, DTYPE: tl.constexpr, BI: tl.constexpr,
+          BK: tl.constexpr):
+    """The Max semiring's item ``[BI]`` and the first instance reaching it (the first NaN where one is)."""
+    best = tl.full([BI], float("-inf"), DTYPE)
+    at = items * 0
+    nan = items < 0
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        t = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, iv[:, None] & (ks < K)[None, :], DTYPE)
+        kk = ks[None, :] + items[:, None] * 0
+        isnan = t != t
+        first_nan = tl.min(tl.where(isnan, kk, K), 1)
+        t = tl.where(isnan, float("-inf"), t)
+        top = tl.max(t, 1)
+        first_top = tl.min(tl.where(t == top[:, None], kk, K), 1)
+        take_nan = (first_nan < K) & ~nan
+        take = ~nan & ~take_nan & (top > best)
+        best = tl.where(take_nan, float("nan"), tl.where(take, top, best))
+        at = tl.where(take_nan, first_nan, tl.where(take, first_top, at))
+        nan = nan | take_nan
+    return best, at
+
+
+@triton.jit
+def _step_forward(desc, p, table, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+                  BI: tl.constexpr, BK: tl.constexpr):
+    """One step of a level into its heads; returns where the next step's descriptor starts."""
+    n = tl.load(desc + p)
+    nL = tl.load(desc + p + 1)
+    R = tl.load(desc + p + 2)
+    H = tl.load(desc + p + 3)
+    M = tl.load(desc + p + 4)
+    accumulate = tl.load(desc + p + 5)
+    sizes = desc + p + 7
+    reads = sizes + n
+    heads = reads + R * (2 + n)
+    masks = heads + H * (2 + nL)
+    I = n * 0 + 1
+    for d in range(nL):
+        I *= tl.load(sizes + d)
+    K = n * 0 + 1
+    for d in range(nL, n):
+        K *= tl.load(sizes + d)
+    for i0 in range(0, I, BI):
+        items = i0 + tl.arange(0, BI)
+        iv = items < I
+        if IS_MAX:
+            v, _ = _best(reads, masks, R, M, n, nL, sizes, table, b, items, iv, K, DTYPE, BI, BK)
+        else:
+            m = tl.full([BI], LOWEST, DTYPE)
+            s = tl.zeros([BI], DTYPE)
+            for k0 in range(0, K, BK):
+                ks = k0 + tl.arange(0, BK)
+                t = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, iv[:, None] & (ks < K)[None, :], DTYPE)
+                top = tl.minimum(tl.maximum(m, tl.max(t, 1)), -LOWEST)
+                s = s * tl.exp(m - top) + tl.sum(tl.exp(t - top[:, None]), 1)
+                m = top
+            v = tl.log(s) + m
+        for h in range(H):
+            hd = heads + h * (2 + nL)
+            y = _address(table, tl.load(hd), b, DTYPE) + tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
+            out = v
+            if accumulate != 0:
+                old = tl.load(y, mask=iv, other=0.0)
+                if IS_MAX:
+                    out = tl.where((v != v) | ((old == old) & (v > old)), v, old)
+                else:
+                    out = _logaddexp(old, v)
+            tl.store(y, out, mask=iv)
+    return p + 7 + n + R * (2 + n) + H * (2 + nL) + M * (2 + n)
+
+
+@triton.jit
+def _step_backward(desc, p, table, gtable, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+                   BI: tl.constexpr, BK: tl.constexpr):
+    """One step's gradients into its reads' gradient buffers (the Log weights exp(terms - item) of
+    the gradient at its items; Max: all of it to the best instance, where several rules write the
+    item the first rule reaching it claiming it); returns where the next step's descriptor starts."""
+    n = tl.load(desc + p)
+    nL = tl.load(desc + p + 1)
+    R = tl.load(desc + p + 2)
+    H = tl.load(desc + p + 3)
+    M = tl.load(desc + p + 4)
+    shared = tl.load(desc + p + 6)
+    sizes = desc + p + 7
+    reads = sizes + n
+    heads = reads + R * (2 + n)
+    masks = heads + H * (2 + nL)
+    I = n * 0 + 1
+    for d in range(nL):
+        I *= tl.load(sizes + d)
+    K = n * 0 + 1
+    for d in range(nL, n):
+        K *= tl.load(sizes + d)
+    passes = (n == nL) & (shared == 0)  # one instance alone writes the item: the gradient passes
+    for i0 in range(0, I, BI):
+        items = i0 + tl.arange(0, BI)
+        iv = items < I
+        g = tl.zeros([BI], DTYPE)
+        for h in range(H):
+            hd = heads + h * (2 + nL)
+            at = tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
+            g += tl.load(_address(gtable, tl.load(hd), b, DTYPE) + at, mask=iv, other=0.0)
+        hd = heads
+        item = tl.load(_address(table, tl.load(hd), b, DTYPE) + tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL),
+                       mask=iv, other=0.0)
+        live = iv & (g != 0) & (items * 0 + K > 0)
+        if IS_MAX:
+            best, kb = _best(reads, masks, R, M, n, nL, sizes, table, b, items, live, K, DTYPE, BI, BK)
+            if shared != 0:
+                live = live & (best == item)
+                for h in range(H):
+                    hd = heads + h * (2 + nL)
+                    at = tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
+                    tl.store(_address(gtable, tl.load(hd), b, DTYPE) + at, tl.zeros([BI], DTYPE), mask=live)
+            for r in range(R):
+                rd = reads + r * (2 + n)
+                at = tl.load(rd + 1) + _along(items, sizes, rd + 2, 0, nL) + _along(kb, sizes, rd + 2, nL, n)
+                tl.atomic_add(_address(gtable, tl.load(rd), b, DTYPE) + at, g, mask=live)
+        else:
+            item = tl.minimum(tl.maximum(item, LOWEST), -LOWEST)
+            for k0 in range(0, K, BK):
+                ks = k0 + tl.arange(0, BK)
+                valid = live[:, None] & (ks < K)[None, :]
+                if passes:
+                    w = tl.where(valid, g[:, None] + tl.zeros([BI, BK], DTYPE), 0.0)
+                else:
+                    t = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, valid, DTYPE)
+                    w = tl.where(valid, tl.exp(t - item[:, None]) * g[:, None], 0.0)
+                for r in range(R):
+                    rd = reads + r * (2 + n)
+                    x = _address(gtable, tl.load(rd), b, DTYPE) + tl.load(rd + 1) + _along(items, sizes, rd + 2, 0, nL)
+                    ko = _along(ks, sizes, rd + 2, nL, n)
+                    if tl.max(tl.abs(ko), 0) == 0:  # the term does not vary with K: one add per item
+                        tl.atomic_add(x, tl.sum(w, 1), mask=live)
+                    else:
+                        tl.atomic_add(x[:, None] + ko[None, :], w, mask=valid)
+    return p + 7 + n + R * (2 + n) + H * (2 + nL) + M * (2 + n)
+
+
+@triton.jit
+def forward(desc, starts, table, first, last, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+            BI: tl.constexpr, BK: tl.constexpr):
+    """Levels ``first..last-1`` of example ``program_id(0)``, in order."""
+    b = tl.program_id(0).to(tl.int64)
+    for lev in range(first, last):
+        p = tl.load(starts + lev)
+        count = tl.load(desc + p)
+        p += 1
+        for _ in range(count):
+            p = _step_forward(desc, p, table, b, IS_MAX, DTYPE, LOWEST, BI, BK)
+            tl.debug_barrier()
+
+
+@triton.jit
+def backward(desc, starts, table, gtable, first, last, IS_MAX: tl.constexpr, DTYPE: tl.constexpr,
+             LOWEST: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
+    """The gradients of levels ``last-1`` down to ``first`` of example ``program_id(0)``."""
+    b = tl.program_id(0).to(tl.int64)
+    for j in range(last - first):
+        p = tl.load(starts + last - 1 - j)
+        count = tl.load(desc + p)
+        p += 1
+        for _ in range(count):
+            p = _step_backward(desc, p, table, gtable, b, IS_MAX, DTYPE, LOWEST, BI, BK)
+            tl.debug_barrier()

@@ -1,0 +1,187 @@
+"""The Log and Max semirings' in-place levels on a GPU as Triton kernels: a stretch of levels is one launch.
+
+Eager on a GPU, a level run as torch calls is ~8-30 kernel launches whatever its size, and a run has
+hundreds of levels: launch-bound. Here the levels :mod:`.pack` packs for the C kernel (the same
+descriptors, uploaded once per plan and device) run in :mod:`._triton_kernels`: one program per
+example walks every level of a stretch in order (no level needs another example's items), so the
+forward pass of a stretch is one launch and its backward another. A stretch ends at a level the
+descriptors do not take (a clamped gather, positions looked up from data: torch calls run it) or a
+fused scan of one matrix for every level (:meth:`~.execute.Run.scans`). The kernels are compiled once
+per semiring and dtype (never per program, length or batch size: the descriptors are data) and cached
+on disk by Triton.
+
+Runs take these kernels where Triton imports, the inputs are CUDA float32 or float64 tensors and the
+semiring is Log or Max, outside CUDA-graph capture (the descriptors' table of buffer addresses is
+copied to the device at each run, which a graph would freeze). Everything else runs as before: other
+semirings, forward-mode dual tensors (Hessian-vector products), the CPU (the C kernel). Tests run the
+kernels in Triton's interpreter on CPU tensors (:func:`interpreted`; ``TRITON_INTERPRET=1`` set before
+the first run). The backward's atomic adds make float32 gradients vary in their last bits from run to run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..semirings import LogSemiring, MaxSemiring, Semiring
+from .pack import Packed, packed
+from .plan import Plan, Step
+from .syntax import GOAL
+
+BI, BK = 32, 32  # a tile of a step's box: items by instances
+_enabled = True
+_interpreting = False
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Runs inside use the torch calls, not the Triton kernels (to compare the two paths)."""
+    global _enabled
+    was, _enabled = _enabled, False
+    try:
+        yield
+    finally:
+        _enabled = was
+
+
+@contextmanager
+def interpreted() -> Iterator[None]:
+    """Runs inside on CPU tensors take the Triton kernels too, in Triton's interpreter (tests; the
+    environment variable ``TRITON_INTERPRET=1`` must be set before the first run imports them)."""
+    global _interpreting
+    was, _interpreting = _interpreting, True
+    try:
+        yield
+    finally:
+        _interpreting = was
+
+
+def available() -> bool:
+    """Whether Triton is installed and these kernels enabled."""
+    return _enabled and importlib.util.find_spec("triton") is not None
+
+
+def applies(semiring: Semiring, inputs) -> bool:
+    """Whether a run of this semiring on these input tensors is these kernels': the Log or the Max
+    semiring, floating inputs on one CUDA device (or the CPU under :func:`interpreted`), all float32
+    or all float64, not while a CUDA graph is being captured."""
+    floats = [x for x in inputs if x.dtype.is_floating_point]
+    if not (floats and type(semiring) in (LogSemiring, MaxSemiring) and available()):
+        return False
+    device = floats[0].device
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            return False
+    elif not (device.type == "cpu" and _interpreting):
+        return False
+    return (all(x.device == device and x.dtype == floats[0].dtype for x in floats)
+            and floats[0].dtype in (torch.float32, torch.float64))
+
+
+class _Uploaded:
+    """A plan's descriptors on one device: the levels' descriptors concatenated, and where each
+    level's starts (-1: not packed), forward and backward."""
+
+    def __init__(self, levels: Packed, device: torch.device):
+        def upload(descs: list[np.ndarray | None]) -> tuple[Tensor, Tensor]:
+            starts, at = [], 0
+            for d in descs:
+                starts.append(-1 if d is None else at)
+                at += 0 if d is None else len(d)
+            flat = np.concatenate([d for d in descs if d is not None] or [np.zeros(1, np.int64)])
+            return (torch.from_numpy(flat).to(device), torch.tensor(starts, dtype=torch.int64).to(device))
+
+        self.forward = upload(levels.forward)
+        self.backward = upload(levels.backward)
+
+
+class Bound:
+    """A run's packed levels with its buffers, as stretches: ``forward(lev)`` runs the stretch that
+    starts at ``lev`` in one launch (and answers True for its other levels), ``backward(lev,
+    grads)`` the stretch that ends at ``lev``; both return False where the level runs as torch calls."""
+
+    def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, max: bool, skip: set[int]):
+        like = buf[GOAL]
+        self.levels, self.batch, self.max, self.dtype = levels, batch, max, like.dtype
+        if levels.uploaded is None or levels.uploaded[0] != like.device:
+            levels.uploaded = (like.device, _Uploaded(levels, like.device))
+        self.descs = levels.uploaded[1]
+        self.table = _table(buf, levels.keys, like.device)
+        runs = [d is not None and lev not in skip for lev, d in enumerate(levels.forward)]
+        self.stretch: dict[int, tuple[int, int]] = {}  # level -> (first, last + 1) of its stretch
+        lev = 0
+        while lev < len(runs):
+            end = lev + 1
+            while runs[lev] and end < len(runs) and runs[end]:
+                end += 1
+            if runs[lev]:
+                for k in range(lev, end):
+                    self.stretch[k] = (lev, end)
+            lev = end
+        self.grads: Tensor | None = None
+
+    def _args(self) -> dict:
+        lowest = float(torch.finfo(self.dtype).min)
+        return dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=lowest, BI=BI, BK=BK)
+
+    def forward(self, lev: int) -> bool:
+        if lev not in self.stretch:
+            return False
+        first, last = self.stretch[lev]
+        if lev == first:
+            desc, starts = self.descs.forward
+            _kernels().forward[(self.batch,)](desc, starts, self.table, first, last, **self._args())
+        return True
+
+    def backward(self, lev: int, grads: dict[str, Tensor]) -> bool:
+        if lev not in self.stretch:
+            return False
+        first, last = self.stretch[lev]
+        if lev == last - 1:
+            if self.grads is None:
+                self.grads = _table(grads, self.levels.keys, self.table.device)
+            desc, starts = self.descs.backward
+            _kernels().backward[(self.batch,)](desc, starts, self.table, self.grads, first, last, **self._args())
+        return True
+
+
+def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semiring, buf: dict[str, Tensor],
+         batch: int, skip: set[int]) -> Bound | None:
+    """These kernels for a run in place on ``buf`` (``[B or 1, positions]`` per key; a run that
+    :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer is not in
+    the float dtype and on the device of the charts'."""
+    like = buf[GOAL]
+    levels_ = packed(plan, levels, backward_order)
+    for key in levels_.keys:
+        t = buf[key]
+        if t.dtype != like.dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
+            return None
+    return Bound(levels_, buf, batch, type(semiring) is MaxSemiring, skip)
+
+
+_DTYPES: dict = {}
+
+
+def _kernels():
+    """The kernel module (imported at the first run: it imports Triton)."""
+    from . import _triton_kernels
+
+    if not _DTYPES:
+        import triton.language as tl
+
+        _DTYPES.update({torch.float32: tl.float32, torch.float64: tl.float64})
+    return _triton_kernels
+
+
+def _table(buf: dict[str, Tensor], keys: list[str], device: torch.device) -> Tensor:
+    """Per key: (address, batch stride) of its buffer ``[B or 1, positions]`` (0: shared by the batch), on the device."""
+    out = np.empty((len(keys), 2), dtype=np.int64)
+    for i, k in enumerate(keys):
+        t = buf[k]
+        out[i] = t.data_ptr(), (t.stride(0) if t.shape[0] > 1 else 0)
+    return torch.from_numpy(out).to(device, non_blocking=True)
