@@ -1,7 +1,15 @@
 """Shared test setup."""
 
-import pytest
-import torch
+import glob
+import os
+
+# Without a GPU, Triton's kernels (tests/test_triton.py) run in its interpreter on CPU tensors. The
+# switch is read when Triton is imported, and `import torch` imports it: it is set before.
+if not glob.glob("/dev/nvidia[0-9]*"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,182 @@
+"""The Triton kernels of the Log and Max levels (:mod:`semiring.language.triton_levels`) compute what
+the torch calls compute: values and gradients (marginals; Max: the best structure) of every program
+of the suite and of every program structure, with random lengths and forbidden (-inf) entries, and
+a stretch of levels is one launch.
+
+Marked ``triton``; skipped where Triton is not installed. Without a CUDA device the kernels run in
+Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, which conftest.py sets before torch
+imports Triton)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from contextlib import ExitStack, contextmanager
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import semiring as sr
+from semiring.language import kernel, triton_levels
+from structures import ConstituencyCRF, ProjectiveDependencyCRF
+from structures.projective import _MULTI_ROOT
+from test_cuda import BUILDERS
+from test_kernel import run, value_and_gradients
+from test_reference import PROGRAMS
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+pytestmark = [pytest.mark.triton,
+              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed"),
+              pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # (the interpreter's numpy: log(0), inf - inf)
+              pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="no CUDA and no interpreter")]
+
+
+@contextmanager
+def on_triton():
+    """Runs inside take the Triton kernels (in the interpreter, on CPU tensors, without CUDA)."""
+    with ExitStack() as stack:
+        if not CUDA:
+            stack.enter_context(triton_levels.interpreted())
+        yield
+
+
+@contextmanager
+def on_torch():
+    with kernel.disabled(), triton_levels.disabled():
+        yield
+
+
+def launches(monkeypatch) -> list[tuple[str, int, int]]:
+    """The kernels' launches from now on: (forward or backward, first level, last level + 1)."""
+    seen = []
+    module = triton_levels._kernels()
+    for name in ("forward", "backward"):
+        fn = getattr(module, name)
+
+        class Counted:
+            def __init__(self, fn, name):
+                self.fn, self.name = fn, name
+
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    seen.append((self.name, *args[-2:]))
+                    return self.fn[grid](*args, **kwargs)
+                return launch
+
+        monkeypatch.setattr(module, name, Counted(fn, name))
+    return seen
+
+
+def _to(inputs: dict, device) -> dict:
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_every_program_equals_the_torch_calls(name, semiring, monkeypatch):
+    """Log: values and gradients; Max: values and the gradient (the best structure, ties to the
+    first rule and the first instance, as the torch calls break them), float64."""
+    text, inputs, lengths = run(name, torch.float64)
+    inputs = _to(inputs, DEVICE)
+    lengths = None if lengths is None else _to(lengths, DEVICE) if isinstance(lengths, dict) else lengths.to(DEVICE)
+    seen = launches(monkeypatch)
+    with on_triton():
+        value, grads = value_and_gradients(text, inputs, lengths, semiring)
+    assert {kind for kind, *_ in seen} == {"forward", "backward"}, "the kernels ran"
+    with on_torch():
+        value_torch, grads_torch = value_and_gradients(text, inputs, lengths, semiring)
+    assert_close(value, value_torch)
+    for g, gt in zip(grads, grads_torch):
+        assert_close(g, gt)
+
+
+@pytest.mark.parametrize("name", ["projective multi-root", "cky", "semimarkov"])
+def test_float32_equals_the_torch_calls(name):
+    text, inputs, lengths = run(name, torch.float32)
+    inputs = _to(inputs, DEVICE)
+    lengths = None if lengths is None else lengths.to(DEVICE)
+    with on_triton():
+        value, grads = value_and_gradients(text, inputs, lengths)
+    with on_torch():
+        value_torch, grads_torch = value_and_gradients(text, inputs, lengths)
+    assert_close(value, value_torch, rtol=1e-5, atol=1e-5)
+    for g, gt in zip(grads, grads_torch):
+        assert_close(g, gt, rtol=1e-5, atol=1e-5)
+
+
+PROGRAM_STRUCTURES = {name: build for name, build in BUILDERS.items() if name not in ("nonprojective", "nonprojective-single-root")}
+
+
+@pytest.mark.parametrize("build", PROGRAM_STRUCTURES.values(), ids=PROGRAM_STRUCTURES.keys())
+def test_every_structure_equals_the_torch_calls(build):
+    """log Z, the marginals (its gradient), the best score and the best structure (the Max gradient)."""
+    answers = []
+    for context in (on_triton, on_torch):
+        make, _ = build(DEVICE)
+        with context():
+            d = make()
+            answers.append([d.log_partition.detach(), d.marginals.detach(), d.max.detach(), d.argmax.detach()])
+    for got, expected, query in zip(*answers, ("log_partition", "marginals", "max", "argmax")):
+        assert_close(got, expected, msg=query)
+
+
+def _value_and_gradient(semiring, x, context):
+    a = x.to(DEVICE).requires_grad_()
+    with context():
+        value = sr.program(_MULTI_ROOT)(semiring, arc=a)
+        return value.detach(), torch.autograd.grad(value[value.isfinite()].sum(), a)[0]
+
+
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
+def test_extreme_entries_give_what_the_torch_calls_give(semiring):
+    """Values: -inf everywhere (no structure), +inf, NaN, magnitudes of 1e30; gradients where the
+    entries are -inf or finite and below 1e4 (at +inf, NaN or 1e30, where float64 absorbs every
+    other score, the C kernel's gradients are not the torch calls' either: the kernels recompute the
+    weights exp(terms - item), which a tie of n terms at 1e30 makes n times 1)."""
+    base = torch.randn(5, 6, 6, dtype=torch.float64) * 50
+    base[0] = -math.inf
+    base[1, 2, 3] = math.inf
+    base[2, 1, 4] = math.nan
+    base[3] *= 1e30
+    base[4, 0, 2], base[4, 3, 1], base[4, 5, 2] = 1e4, -1e4, -math.inf
+    (value, _), (expected, _) = (_value_and_gradient(semiring, base, c) for c in (on_triton, on_torch))
+    assert_close(value, expected, equal_nan=True)
+    finite = base[[0, 3, 4]]
+    (value, grad), (expected, grad_expected) = (_value_and_gradient(semiring, finite, c) for c in (on_triton, on_torch))
+    assert_close(value, expected)
+    assert_close(grad, grad_expected)
+
+
+def test_a_stretch_of_levels_is_one_launch(monkeypatch):
+    """Eisner's and CKY's every level is packed: log Z and its gradient are one launch each; a
+    program with a lookup (CTC) runs its looked-up levels as torch calls between stretches."""
+    for text, inputs in ((_MULTI_ROOT, dict(arc=torch.randn(2, 7, 7))), (ConstituencyCRF.program.text, dict(score=torch.randn(2, 6, 6, 3)))):
+        seen = launches(monkeypatch)
+        x = {k: v.to(DEVICE).requires_grad_() for k, v in inputs.items()}
+        program = sr.program(text)
+        with on_triton():
+            torch.autograd.grad(program(sr.Log, **x).sum(), list(x.values()))
+        (plan,) = program._plans.values()
+        levels = len(plan.fused) + 1  # (the goal's level last)
+        assert seen == [("forward", 0, levels), ("backward", 0, levels)]
+    text, inputs, lengths = run("ctc (lookup)", torch.float64)
+    seen = launches(monkeypatch)
+    program = sr.program(text)
+    with on_triton():
+        program(sr.Log, lengths=_to(lengths, DEVICE), **_to(inputs, DEVICE))
+    (plan,) = program._plans.values()
+    covered = sum(last - first for _, first, last in seen)
+    assert seen and 0 < covered < len(plan.fused) + 1
+
+
+def test_the_kernels_apply_to_log_and_max_only():
+    x = [torch.randn(2, 3, device=DEVICE)]
+    with on_triton():
+        assert triton_levels.applies(sr.Log, x) and triton_levels.applies(sr.Max, x)
+        assert not triton_levels.applies(sr.Real, x) and not triton_levels.applies(sr.Log, [x[0].half()])
+    with on_torch():
+        assert not triton_levels.applies(sr.Log, x)
