@@ -11,7 +11,9 @@ launches' (which dominate at these sizes); medians are round-robin as on the CPU
 before the call. A last table captures each call once as a CUDA graph (``torch.cuda.CUDAGraph``,
 inputs fixed, ``validate_args`` off: the checks read values on the host) and times its replays: what a training loop gets that captures the call (or uses
 ``torch.cuda.make_graphed_callables``), where the launches, not the kernels, take the time.
-Prints markdown tables; ``--out`` writes them to a file as well.
+Each row also runs our implementation with the Triton kernels off ("ours, torch calls": the
+launch-bound path they replace, semiring.language.triton_levels), and counts the GPU kernels one call
+of each of ours launches (torch.profiler). Prints markdown tables; ``--out`` writes them to a file as well.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tqdm import tqdm
 
 from benchmarks import chain, constituency, ctc, nonprojective, pcfg, projective
 from benchmarks.common import fmt_bytes, machine_info, markdown_table, seed_all, time_round_robin
+from semiring.language import triton_levels
 from structures import NonProjectiveDependencyCRF
 
 Impls = dict[str, Callable[[], object]]
@@ -105,6 +108,23 @@ def graphed(fn: Callable[[], object]) -> Callable[[], object] | None:
     return replay
 
 
+def _torch_calls(fn: Callable[[], object]) -> Callable[[], object]:
+    def call():
+        with triton_levels.disabled():
+            return fn()
+    return call
+
+
+def launches(fn: Callable[[], object]) -> int:
+    """The GPU kernels (and copies) one call of ``fn`` launches."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def _same(a, b) -> bool:
     flat = [(x, y) for x, y in zip(*(o if isinstance(o, (tuple, list)) else (o,) for o in (a, b))) if isinstance(x, torch.Tensor)]
     return all(torch.allclose(x.float(), y.float(), atol=1e-4, rtol=1e-4) for x, y in flat)
@@ -121,13 +141,16 @@ def main(argv=None) -> None:
     warnings.filterwarnings("ignore")
     seed_all(0)
     repeat = 3 if args.quick else args.repeat
-    table, memory, graphs = [], [], []
+    table, memory, graphs, counts = [], [], [], []
     with torch.device("cuda"):
         for label, calls in tqdm(list(rows(args.quick)), desc="gpu"):
+            ours = next(name for name in calls if name.startswith("ours"))
+            calls = {ours: calls[ours], "ours, torch calls": _torch_calls(calls[ours])} | {k: v for k, v in calls.items() if k != ours}
             impls = {name: _synchronized(fn) for name, fn in calls.items()}
+            for name in ("ours", "ours, torch calls"):
+                counts.append([label, name, str(launches(calls[ours if name == "ours" else name]))])
             times = time_round_robin(impls, repeat=repeat, warmup=3, budget_s=60)
             peaks = {name: peak_cuda_bytes(fn) for name, fn in impls.items()}
-            ours = next(name for name in impls if name.startswith("ours"))
             for peer in impls:
                 if peer != ours:
                     table.append([label, f"{times[ours].ms:.2f}", peer, f"{times[peer].ms:.2f}",
@@ -147,6 +170,7 @@ def main(argv=None) -> None:
         markdown_table(["", ""], [[k, v] for k, v in info.items()]),
         markdown_table(["benchmark", "ours (ms)", "peer", "peer (ms)", "peer / ours"], table, "lrlrr"),
         markdown_table(["benchmark", "ours peak", "peer", "peer peak", "ours / peer"], memory, "lrlrr"),
+        markdown_table(["benchmark", "implementation", "GPU kernels per call"], counts, "llr"),
         markdown_table(["benchmark", "implementation", "eager (ms)", "CUDA graph replay (ms)", "eager / replay"], graphs, "llrrr"),
     ])
     print(text)

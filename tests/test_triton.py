@@ -1,7 +1,7 @@
 """The Triton kernels of the Log and Max levels (:mod:`semiring.language.triton_levels`) compute what
 the torch calls compute: values and gradients (marginals; Max: the best structure) of every program
 of the suite and of every program structure, with random lengths and forbidden (-inf) entries, and
-a stretch of levels is one launch.
+a run of a program (its levels looked up from data too) is one launch forward and one backward.
 
 Marked ``triton``; skipped where Triton is not installed. Without a CUDA device the kernels run in
 Triton's interpreter on CPU tensors (``TRITON_INTERPRET=1``, which conftest.py sets before torch
@@ -151,26 +151,21 @@ def test_extreme_entries_give_what_the_torch_calls_give(semiring):
     assert_close(grad, grad_expected)
 
 
-def test_a_stretch_of_levels_is_one_launch(monkeypatch):
-    """Eisner's and CKY's every level is packed: log Z and its gradient are one launch each; a
-    program with a lookup (CTC) runs its looked-up levels as torch calls between stretches."""
-    for text, inputs in ((_MULTI_ROOT, dict(arc=torch.randn(2, 7, 7))), (ConstituencyCRF.program.text, dict(score=torch.randn(2, 6, 6, 3)))):
-        seen = launches(monkeypatch)
-        x = {k: v.to(DEVICE).requires_grad_() for k, v in inputs.items()}
-        program = sr.program(text)
-        with on_triton():
-            torch.autograd.grad(program(sr.Log, **x).sum(), list(x.values()))
-        (plan,) = program._plans.values()
-        levels = len(plan.fused) + 1  # (the goal's level last)
-        assert seen == [("forward", 0, levels), ("backward", 0, levels)]
-    text, inputs, lengths = run("ctc (lookup)", torch.float64)
-    seen = launches(monkeypatch)
+@pytest.mark.parametrize("name", ["projective multi-root", "cky", "ctc (lookup)", "alignment (n, m)"])
+def test_every_level_of_a_run_is_one_launch(name, monkeypatch):
+    """Every level of Eisner's, CKY's, CTC's and alignment's programs is packed, lookups from data
+    included: a value and its gradient are one launch each."""
+    text, inputs, lengths = run(name, torch.float64)
+    inputs = {k: v.to(DEVICE).requires_grad_() if v.dtype.is_floating_point else v.to(DEVICE) for k, v in inputs.items()}
+    lengths = None if lengths is None else _to(lengths, DEVICE) if isinstance(lengths, dict) else lengths.to(DEVICE)
     program = sr.program(text)
+    seen = launches(monkeypatch)
     with on_triton():
-        program(sr.Log, lengths=_to(lengths, DEVICE), **_to(inputs, DEVICE))
+        floats = [x for x in inputs.values() if x.requires_grad]
+        torch.autograd.grad(program(sr.Log, lengths=lengths, **inputs).sum(), floats)
     (plan,) = program._plans.values()
-    covered = sum(last - first for _, first, last in seen)
-    assert seen and 0 < covered < len(plan.fused) + 1
+    levels = len(plan.fused) + 1  # (the goal's level last)
+    assert seen == [("forward", 0, levels), ("backward", 0, levels)]
 
 
 def test_the_kernels_apply_to_log_and_max_only():
@@ -180,3 +175,31 @@ def test_the_kernels_apply_to_log_and_max_only():
         assert not triton_levels.applies(sr.Real, x) and not triton_levels.applies(sr.Log, [x[0].half()])
     with on_torch():
         assert not triton_levels.applies(sr.Log, x)
+
+
+COMPILE = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from semiring.language import _triton_kernels as kernels
+for name, buffers in (("forward", ["table"]), ("backward", ["table", "gtable"])):
+    for dtype, lowest in ((tl.float32, -3.4028234663852886e38), (tl.float64, -1.7976931348623157e308)):
+        for is_max in (False, True):
+            constants = dict(IS_MAX=is_max, DTYPE=dtype, LOWEST=lowest, BI=32, BK=32)
+            signature = {"desc": "*i64", "starts": "*i64", **{b: "*i64" for b in buffers}, "first": "i32", "last": "i32",
+                         **{c: "constexpr" for c in constants}}
+            compiled = triton.compile(ASTSource(getattr(kernels, name), signature, constants), target=GPUTarget("cuda", 90, 32))
+            assert len(compiled.asm["cubin"]) > 0
+print("compiled")
+"""
+
+
+def test_the_kernels_compile_for_an_h100_without_one():
+    """The interpreter runs Python, not the compiler: every kernel (forward and backward, Log and
+    Max, float32 and float64) also compiles to a cubin for sm_90 (Triton's own ptxas, no GPU needed)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

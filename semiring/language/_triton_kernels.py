@@ -40,14 +40,53 @@ def _address(table, src, b, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _position(rd, n, nL, sizes, table, b, ii, kk, valid):
+    """A read's positions at items ``ii`` and instances ``kk`` (broadcast together; their looked-up
+    indices read where ``valid``), clamped where it gathers, and where the next read's descriptor starts."""
+    bound = tl.load(rd + 2)
+    at = tl.load(rd + 1) + _along(ii, sizes, rd + 4, 0, nL) + _along(kk, sizes, rd + 4, nL, n)
+    lk = rd + 4 + n
+    for _ in range(tl.load(rd + 3)):
+        bound_l = tl.load(lk + 3)
+        at_l = tl.load(lk + 2) + _along(ii, sizes, lk + 4, 0, nL) + _along(kk, sizes, lk + 4, nL, n)
+        if bound_l > 0:
+            at_l = tl.minimum(tl.maximum(at_l, 0), bound_l - 1)
+        at += tl.load(lk + 1) * tl.load(_address(table, tl.load(lk), b, tl.int64) + at_l, mask=valid, other=0)
+        lk += 4 + n
+    if bound > 0:
+        at = tl.minimum(tl.maximum(at, 0), bound - 1)
+    return at, lk
+
+
+@triton.jit
+def _next(rd, n):
+    """Where the read after the one at ``rd`` starts."""
+    return rd + 4 + n + tl.load(rd + 3) * (4 + n)
+
+
+@triton.jit
+def _varies(rd, n, nL):
+    """Whether a read's position varies with the K coordinates (its own strides or its lookups')."""
+    out = n * 0
+    for d in range(nL, n):
+        out += tl.abs(tl.load(rd + 4 + d))
+    lk = rd + 4 + n
+    for _ in range(tl.load(rd + 3)):
+        for d in range(nL, n):
+            out += tl.abs(tl.load(lk + 4 + d))
+        lk += 4 + n
+    return out != 0
+
+
+@triton.jit
 def _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, valid, DTYPE: tl.constexpr):
     """``[BI, BK]``: the sum of the step's reads at (item, instance), -inf where no instance is."""
     t = tl.zeros(valid.shape, DTYPE)
+    rd = reads
     for r in range(R):
-        rd = reads + r * (2 + n)
-        x = _address(table, tl.load(rd), b, DTYPE) + tl.load(rd + 1)
-        at = _along(items, sizes, rd + 2, 0, nL)[:, None] + _along(ks, sizes, rd + 2, nL, n)[None, :]
-        t += tl.load(x + at, mask=valid, other=0.0)
+        at, next_rd = _position(rd, n, nL, sizes, table, b, items[:, None], ks[None, :], valid)
+        t += tl.load(_address(table, tl.load(rd), b, DTYPE) + at, mask=valid, other=0.0)
+        rd = next_rd
     for j in range(M):
         md = masks + j * (2 + n)
         e = tl.load(md + 1) + _along(items, sizes, md + 2, 0, nL)[:, None] + _along(ks, sizes, md + 2, nL, n)[None, :]
@@ -90,25 +129,32 @@ def _best(reads, masks, R, M, n, nL, sizes, table, b, items, iv, K, DTYPE: tl.co
 
 
 @triton.jit
-def _step_forward(desc, p, table, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
-                  BI: tl.constexpr, BK: tl.constexpr):
-    """One step of a level into its heads; returns where the next step's descriptor starts."""
-    n = tl.load(desc + p)
-    nL = tl.load(desc + p + 1)
-    R = tl.load(desc + p + 2)
-    H = tl.load(desc + p + 3)
-    M = tl.load(desc + p + 4)
-    accumulate = tl.load(desc + p + 5)
-    sizes = desc + p + 7
+def _parse(p):
+    """The step whose descriptor starts at ``p``: its counts, where its sizes, reads, heads and
+    masks start, its number of items and of instances per item."""
+    n = tl.load(p)
+    nL = tl.load(p + 1)
+    R = tl.load(p + 2)
+    sizes = p + 7
     reads = sizes + n
-    heads = reads + R * (2 + n)
-    masks = heads + H * (2 + nL)
+    rd = reads
+    for _ in range(R):
+        rd = _next(rd, n)
     I = n * 0 + 1
     for d in range(nL):
         I *= tl.load(sizes + d)
     K = n * 0 + 1
     for d in range(nL, n):
         K *= tl.load(sizes + d)
+    return n, nL, R, tl.load(p + 3), tl.load(p + 4), sizes, reads, rd, rd + tl.load(p + 3) * (2 + nL), I, K
+
+
+@triton.jit
+def _step_forward(p, table, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+                  BI: tl.constexpr, BK: tl.constexpr):
+    """One step of a level into its heads; returns where the next step's descriptor starts."""
+    n, nL, R, H, M, sizes, reads, heads, masks, I, K = _parse(p)
+    accumulate = tl.load(p + 5)
     for i0 in range(0, I, BI):
         items = i0 + tl.arange(0, BI)
         iv = items < I
@@ -135,31 +181,17 @@ def _step_forward(desc, p, table, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, 
                 else:
                     out = _logaddexp(old, v)
             tl.store(y, out, mask=iv)
-    return p + 7 + n + R * (2 + n) + H * (2 + nL) + M * (2 + n)
+    return masks + M * (2 + n)
 
 
 @triton.jit
-def _step_backward(desc, p, table, gtable, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+def _step_backward(p, table, gtable, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
                    BI: tl.constexpr, BK: tl.constexpr):
     """One step's gradients into its reads' gradient buffers (the Log weights exp(terms - item) of
     the gradient at its items; Max: all of it to the best instance, where several rules write the
     item the first rule reaching it claiming it); returns where the next step's descriptor starts."""
-    n = tl.load(desc + p)
-    nL = tl.load(desc + p + 1)
-    R = tl.load(desc + p + 2)
-    H = tl.load(desc + p + 3)
-    M = tl.load(desc + p + 4)
-    shared = tl.load(desc + p + 6)
-    sizes = desc + p + 7
-    reads = sizes + n
-    heads = reads + R * (2 + n)
-    masks = heads + H * (2 + nL)
-    I = n * 0 + 1
-    for d in range(nL):
-        I *= tl.load(sizes + d)
-    K = n * 0 + 1
-    for d in range(nL, n):
-        K *= tl.load(sizes + d)
+    n, nL, R, H, M, sizes, reads, heads, masks, I, K = _parse(p)
+    shared = tl.load(p + 6)
     passes = (n == nL) & (shared == 0)  # one instance alone writes the item: the gradient passes
     for i0 in range(0, I, BI):
         items = i0 + tl.arange(0, BI)
@@ -181,10 +213,11 @@ def _step_backward(desc, p, table, gtable, b, IS_MAX: tl.constexpr, DTYPE: tl.co
                     hd = heads + h * (2 + nL)
                     at = tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
                     tl.store(_address(gtable, tl.load(hd), b, DTYPE) + at, tl.zeros([BI], DTYPE), mask=live)
+            rd = reads
             for r in range(R):
-                rd = reads + r * (2 + n)
-                at = tl.load(rd + 1) + _along(items, sizes, rd + 2, 0, nL) + _along(kb, sizes, rd + 2, nL, n)
+                at, next_rd = _position(rd, n, nL, sizes, table, b, items, kb, live)
                 tl.atomic_add(_address(gtable, tl.load(rd), b, DTYPE) + at, g, mask=live)
+                rd = next_rd
         else:
             item = tl.minimum(tl.maximum(item, LOWEST), -LOWEST)
             for k0 in range(0, K, BK):
@@ -195,15 +228,17 @@ def _step_backward(desc, p, table, gtable, b, IS_MAX: tl.constexpr, DTYPE: tl.co
                 else:
                     t = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, valid, DTYPE)
                     w = tl.where(valid, tl.exp(t - item[:, None]) * g[:, None], 0.0)
+                rd = reads
                 for r in range(R):
-                    rd = reads + r * (2 + n)
-                    x = _address(gtable, tl.load(rd), b, DTYPE) + tl.load(rd + 1) + _along(items, sizes, rd + 2, 0, nL)
-                    ko = _along(ks, sizes, rd + 2, nL, n)
-                    if tl.max(tl.abs(ko), 0) == 0:  # the term does not vary with K: one add per item
-                        tl.atomic_add(x, tl.sum(w, 1), mask=live)
-                    else:
-                        tl.atomic_add(x[:, None] + ko[None, :], w, mask=valid)
-    return p + 7 + n + R * (2 + n) + H * (2 + nL) + M * (2 + n)
+                    x = _address(gtable, tl.load(rd), b, DTYPE)
+                    if _varies(rd, n, nL):
+                        tl.atomic_add(x + _position(rd, n, nL, sizes, table, b, items[:, None], ks[None, :], valid)[0], w,
+                                      mask=valid)
+                    else:  # the term does not vary with K: one add per item
+                        tl.atomic_add(x + _position(rd, n, nL, sizes, table, b, items, items * 0, live)[0], tl.sum(w, 1),
+                                      mask=live)
+                    rd = _next(rd, n)
+    return masks + M * (2 + n)
 
 
 @triton.jit
@@ -212,11 +247,11 @@ def forward(desc, starts, table, first, last, IS_MAX: tl.constexpr, DTYPE: tl.co
     """Levels ``first..last-1`` of example ``program_id(0)``, in order."""
     b = tl.program_id(0).to(tl.int64)
     for lev in range(first, last):
-        p = tl.load(starts + lev)
-        count = tl.load(desc + p)
+        p = desc + tl.load(starts + lev)
+        count = tl.load(p)
         p += 1
         for _ in range(count):
-            p = _step_forward(desc, p, table, b, IS_MAX, DTYPE, LOWEST, BI, BK)
+            p = _step_forward(p, table, b, IS_MAX, DTYPE, LOWEST, BI, BK)
             tl.debug_barrier()
 
 
@@ -226,9 +261,9 @@ def backward(desc, starts, table, gtable, first, last, IS_MAX: tl.constexpr, DTY
     """The gradients of levels ``last-1`` down to ``first`` of example ``program_id(0)``."""
     b = tl.program_id(0).to(tl.int64)
     for j in range(last - first):
-        p = tl.load(starts + last - 1 - j)
-        count = tl.load(desc + p)
+        p = desc + tl.load(starts + last - 1 - j)
+        count = tl.load(p)
         p += 1
         for _ in range(count):
-            p = _step_backward(desc, p, table, gtable, b, IS_MAX, DTYPE, LOWEST, BI, BK)
+            p = _step_backward(p, table, gtable, b, IS_MAX, DTYPE, LOWEST, BI, BK)
             tl.debug_barrier()

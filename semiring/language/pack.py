@@ -5,8 +5,15 @@ A level's descriptor is the number of its steps, then per step
 ``n, nL, R, H, M, accumulate, shared, sizes[n]``, ``R x (src, offset, strides[n])``,
 ``H x (src, offset, strides[nL])``, ``M x (op (0: >=, 1: !=), const, coeffs[n])``: a box of ``n``
 coordinates, the first ``nL`` its items', the rest summed; ``src`` names a buffer by its index in
-:attr:`Packed.keys`. A step whose views gather (clamped positions) or look positions up from data
-is not packed: its level runs as torch calls.
+:attr:`Packed.keys`. The C kernel takes that form only: a step whose views gather (clamped
+positions) or look positions up from data is not packed for it, and its level runs as torch calls.
+
+The Triton kernels take the *indexed* form (``Packed(..., indexed=True)``), where each read is
+``src, offset, bound, nlookups, strides[n]`` then ``nlookups x (src, stride, offset, bound,
+strides[n])``: the position is ``offset + Σ strides * coords + Σ stride_l * index_l``, where
+``index_l`` is read from an integer input at ``offset_l + Σ strides_l * coords`` (clamped into
+``0..bound_l - 1`` where ``bound_l`` > 0), the whole clamped into ``0..bound - 1`` where ``bound`` > 0
+(a gather): the views of :meth:`~.execute.Run.read`, so that CTC's and alignment's levels run there too.
 """
 
 from __future__ import annotations
@@ -21,14 +28,17 @@ MAX_DIMS, MAX_READS = 16, 32  # coordinates and terms of a step (_kernel.c's MAX
 class Packed:
     """A plan's levels as kernel descriptors: ``forward[lev]`` / ``backward[lev]`` (None: the level
     runs as torch calls), ``keys`` the buffers they read and write (a descriptor names them by
-    their index here)."""
+    their index here), ``indices`` those of them that hold looked-up indices (int64)."""
 
-    def __init__(self, levels: list[list[Step]], backward_order):
+    def __init__(self, levels: list[list[Step]], backward_order, indexed: bool = False):
         self.keys: list[str] = []
         self.uploaded = None  # (device, the descriptors there): :mod:`.triton_levels`
+        self.indices: set[str] = set()  # the keys of integer inputs positions are looked up in
         index: dict[str, int] = {}
 
-        def key(name: str) -> int:
+        def key(name: str, indices: bool = False) -> int:
+            if indices:
+                self.indices.add(name)
             if name not in index:
                 index[name] = len(self.keys)
                 self.keys.append(name)
@@ -37,7 +47,7 @@ class Packed:
         self.forward: list[np.ndarray | None] = []
         self.backward: list[np.ndarray | None] = []
         for steps in levels:
-            packed = [_pack(step, key) for step in steps]
+            packed = [_pack(step, key, indexed) for step in steps]
             if any(p is None for p in packed):
                 self.forward.append(None)
                 self.backward.append(None)
@@ -47,23 +57,34 @@ class Packed:
             self.backward.append(_level([by_step[id(s)] for group in backward_order(steps) for s in group]))
 
 
-def packed(plan: Plan, levels: list[list[Step]], backward_order) -> Packed:
-    """The plan's :class:`Packed` levels (``levels``: the fused levels, the goal's last), once per plan."""
-    if plan.packed is None:
-        plan.packed = Packed(levels, backward_order)
-    return plan.packed
+def packed(plan: Plan, levels: list[list[Step]], backward_order, indexed: bool = False) -> Packed:
+    """The plan's :class:`Packed` levels (``levels``: the fused levels, the goal's last), once per
+    plan and form (``indexed``: the Triton kernels')."""
+    if indexed not in plan.packed:
+        plan.packed[indexed] = Packed(levels, backward_order, indexed)
+    return plan.packed[indexed]
 
 
-def _pack(step: Step, key) -> list[int] | None:
-    """One step's part of a level descriptor (``_kernel.c``), or None where the kernel cannot run it."""
-    views = [v for v in step.reads if v is not None] + step.heads
+def _pack(step: Step, key, indexed: bool) -> list[int] | None:
+    """One step's part of a level descriptor, or None where the kernel cannot run it."""
+    reads = [v for v in step.reads if v is not None]
     n, nL = len(step.sizes), step.form.n_free
-    if n > MAX_DIMS or len(views) - len(step.heads) > MAX_READS or any(v.gather or v.lookups for v in views):
+    if n > MAX_DIMS or len(reads) > MAX_READS or any(v.gather or v.lookups for v in step.heads):
         return None
-    out = [n, nL, len(views) - len(step.heads), len(step.heads), len(step.masks), int(step.accumulate), int(step.shared), *step.sizes]
-    for v in step.reads:
-        if v is not None:  # (outer terms vary with the L coordinates only: stride 0 over K)
-            out += [key(v.source), v.offset, *v.strides, *[0] * (n - len(v.strides))]
+    if not indexed and any(v.gather or v.lookups for v in reads):
+        return None
+
+    def strides(v) -> list[int]:  # (outer terms vary with the L coordinates only: stride 0 over K)
+        return [*v.strides, *[0] * (n - len(v.strides))]
+
+    out = [n, nL, len(reads), len(step.heads), len(step.masks), int(step.accumulate), int(step.shared), *step.sizes]
+    for v in reads:
+        out += [key(v.source), v.offset]
+        if indexed:
+            out += [v.bound if v.gather or v.lookups else 0, len(v.lookups)]
+        out += strides(v)
+        for stride, lv in v.lookups if indexed else ():
+            out += [key(lv.source, indices=True), stride, lv.offset, lv.bound if lv.gather else 0, *strides(lv)]
     for v in step.heads:
         out += [key(v.source), v.offset, *v.strides]
     for coeffs, const, op in step.masks:

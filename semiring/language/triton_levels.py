@@ -153,13 +153,14 @@ class Bound:
 def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semiring, buf: dict[str, Tensor],
          batch: int, skip: set[int]) -> Bound | None:
     """These kernels for a run in place on ``buf`` (``[B or 1, positions]`` per key; a run that
-    :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer is not in
-    the float dtype and on the device of the charts'."""
+    :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer is not on
+    the charts' device in their float dtype (int64 for looked-up indices)."""
     like = buf[GOAL]
-    levels_ = packed(plan, levels, backward_order)
+    levels_ = packed(plan, levels, backward_order, indexed=True)
     for key in levels_.keys:
         t = buf[key]
-        if t.dtype != like.dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
+        dtype = torch.int64 if key in levels_.indices else like.dtype
+        if t.dtype != dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
             return None
     return Bound(levels_, buf, batch, type(semiring) is MaxSemiring, skip)
 

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The one run a lent GPU gets (issue 29), within about 8 minutes: the CUDA and Triton tests, then
+# `python -m benchmarks.gpu` (every row beside the peers and beside our own torch calls, with the GPU
+# kernels per call). Writes pytest.log, bench.log and gpu.md under $OUT (default results/gpu).
+#
+# Needs a python3 with CUDA torch, Triton, pytest and hypothesis (the lent machines' image has them);
+# the peers (torch-struct 0.5, pytorch-crf 0.7.2, and conllu/tqdm where missing) travel as wheels in
+# .whl/ (`pip download --no-deps ... -d .whl torch-struct==0.5 pytorch-crf==0.7.2`), installed here.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-results/gpu}"
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
+timeout 240 python3 -m pytest -q -p no:cacheprovider -m "cuda or triton" \
+    tests/test_cuda.py tests/test_triton.py tests/test_language.py tests/test_mask.py 2>&1 | tee "$OUT/pytest.log"
+timeout 300 python3 -m benchmarks.gpu --repeat 15 --out "$OUT/gpu.md" 2>&1 | tee "$OUT/bench.log"
