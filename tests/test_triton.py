@@ -51,7 +51,8 @@ def on_torch():
 
 
 def launches(monkeypatch) -> list[tuple[str, int, int]]:
-    """The kernels' launches from now on: (forward or backward, first level, last level + 1)."""
+    """The kernels' launches from now on: (forward or backward, first level, last level + 1, the
+    only step run or -1: all)."""
     seen = []
     module = triton_levels._kernels()
     for name in ("forward", "backward"):
@@ -63,7 +64,7 @@ def launches(monkeypatch) -> list[tuple[str, int, int]]:
 
             def __getitem__(self, grid):
                 def launch(*args, **kwargs):
-                    seen.append((self.name, *args[-2:]))
+                    seen.append((self.name, *args[-3:]))
                     return self.fn[grid](*args, **kwargs)
                 return launch
 
@@ -165,7 +166,28 @@ def test_every_level_of_a_run_is_one_launch(name, monkeypatch):
         torch.autograd.grad(program(sr.Log, lengths=lengths, **inputs).sum(), floats)
     (plan,) = program._plans.values()
     levels = len(plan.fused) + 1  # (the goal's level last)
-    assert seen == [("forward", 0, levels), ("backward", 0, levels)]
+    assert seen == [("forward", 0, levels, -1), ("backward", 0, levels, -1)]
+
+
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
+@pytest.mark.parametrize("name", ["projective single-root", "pcfg", "ctc (lookup)"])
+def test_levels_split_over_programs_give_the_same(name, semiring, monkeypatch):
+    """With every level a stretch of its own, a step per launch, its items spread over programs (as
+    large levels run): the torch calls' values and gradients, several rules writing one item included."""
+    monkeypatch.setattr(triton_levels, "BI", 2)
+    monkeypatch.setattr(triton_levels, "SPLIT", 0)
+    text, inputs, lengths = run(name, torch.float64)
+    inputs = _to(inputs, DEVICE)
+    lengths = None if lengths is None else _to(lengths, DEVICE) if isinstance(lengths, dict) else lengths.to(DEVICE)
+    seen = launches(monkeypatch)
+    with on_triton():
+        value, grads = value_and_gradients(text, inputs, lengths, semiring)
+    assert all(last == first + 1 and only >= 0 for _, first, last, only in seen)
+    with on_torch():
+        value_torch, grads_torch = value_and_gradients(text, inputs, lengths, semiring)
+    assert_close(value, value_torch)
+    for g, gt in zip(grads, grads_torch):
+        assert_close(g, gt)
 
 
 def test_the_kernels_apply_to_log_and_max_only():
@@ -186,7 +208,7 @@ for name, buffers in (("forward", ["table"]), ("backward", ["table", "gtable"]))
     for dtype, lowest in ((tl.float32, -3.4028234663852886e38), (tl.float64, -1.7976931348623157e308)):
         for is_max in (False, True):
             constants = dict(IS_MAX=is_max, DTYPE=dtype, LOWEST=lowest, BI=32, BK=32)
-            signature = {"desc": "*i64", "starts": "*i64", **{b: "*i64" for b in buffers}, "first": "i32", "last": "i32",
+            signature = {"desc": "*i64", "starts": "*i64", **{b: "*i64" for b in buffers}, "first": "i32", "last": "i32", "only": "i32",
                          **{c: "constexpr" for c in constants}}
             compiled = triton.compile(ASTSource(getattr(kernels, name), signature, constants), target=GPUTarget("cuda", 90, 32))
             assert len(compiled.asm["cubin"]) > 0

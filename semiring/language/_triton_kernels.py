@@ -4,7 +4,8 @@ descriptors (:mod:`.pack`). Imported only when a run takes them (this module imp
 One program per example runs a whole stretch of levels: a level's items depend only on earlier
 levels of their own example, so the program loops over the levels and their steps inside, a barrier
 between steps (each step's writes are visible to the next within the block), and the stretch costs
-one launch. A step's box is walked in tiles of ``BI`` items by ``BK`` instances: the position of a
+one launch. A level with much work per example (a PCFG's, with its labels cubed) runs instead a step
+per launch, each example's item tiles shared by several programs. A step's box is walked in tiles of ``BI`` items by ``BK`` instances: the position of a
 term at (item i, instance k) is ``offset + Σ_{d < nL} stride_d coord_d(i) + Σ_{d >= nL} stride_d
 coord_d(k)``, the item part a ``[BI]`` vector and the instance part a ``[BK]`` vector (their
 coordinates unravelled once per tile, not per instance), and so are the masks' affine forms. The
@@ -150,12 +151,13 @@ def _parse(p):
 
 
 @triton.jit
-def _step_forward(p, table, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+def _step_forward(p, table, b, active, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
                   BI: tl.constexpr, BK: tl.constexpr):
-    """One step of a level into its heads; returns where the next step's descriptor starts."""
+    """One step of a level into its heads (where ``active``; this program's tiles of its items: every
+    ``num_programs(1)``-th); returns where the next step's descriptor starts."""
     n, nL, R, H, M, sizes, reads, heads, masks, I, K = _parse(p)
     accumulate = tl.load(p + 5)
-    for i0 in range(0, I, BI):
+    for i0 in range(tl.program_id(1) * BI, I * active, tl.num_programs(1) * BI):
         items = i0 + tl.arange(0, BI)
         iv = items < I
         if IS_MAX:
@@ -185,15 +187,16 @@ def _step_forward(p, table, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST
 
 
 @triton.jit
-def _step_backward(p, table, gtable, b, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
                    BI: tl.constexpr, BK: tl.constexpr):
     """One step's gradients into its reads' gradient buffers (the Log weights exp(terms - item) of
     the gradient at its items; Max: all of it to the best instance, where several rules write the
-    item the first rule reaching it claiming it); returns where the next step's descriptor starts."""
+    item the first rule reaching it claiming it; where ``active``, this program's tiles of its items);
+    returns where the next step's descriptor starts."""
     n, nL, R, H, M, sizes, reads, heads, masks, I, K = _parse(p)
     shared = tl.load(p + 6)
     passes = (n == nL) & (shared == 0)  # one instance alone writes the item: the gradient passes
-    for i0 in range(0, I, BI):
+    for i0 in range(tl.program_id(1) * BI, I * active, tl.num_programs(1) * BI):
         items = i0 + tl.arange(0, BI)
         iv = items < I
         g = tl.zeros([BI], DTYPE)
@@ -242,28 +245,32 @@ def _step_backward(p, table, gtable, b, IS_MAX: tl.constexpr, DTYPE: tl.constexp
 
 
 @triton.jit
-def forward(desc, starts, table, first, last, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+def forward(desc, starts, table, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
             BI: tl.constexpr, BK: tl.constexpr):
-    """Levels ``first..last-1`` of example ``program_id(0)``, in order."""
+    """Levels ``first..last-1`` of example ``program_id(0)``, in order (``only`` >= 0: that step of
+    the level alone, its item tiles shared by the ``num_programs(1)`` programs of the example)."""
     b = tl.program_id(0).to(tl.int64)
     for lev in range(first, last):
         p = desc + tl.load(starts + lev)
         count = tl.load(p)
         p += 1
-        for _ in range(count):
-            p = _step_forward(p, table, b, IS_MAX, DTYPE, LOWEST, BI, BK)
+        for j in range(count):
+            active = ((only < 0) | (j == only)).to(tl.int64)
+            p = _step_forward(p, table, b, active, IS_MAX, DTYPE, LOWEST, BI, BK)
             tl.debug_barrier()
 
 
 @triton.jit
-def backward(desc, starts, table, gtable, first, last, IS_MAX: tl.constexpr, DTYPE: tl.constexpr,
+def backward(desc, starts, table, gtable, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr,
              LOWEST: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
-    """The gradients of levels ``last-1`` down to ``first`` of example ``program_id(0)``."""
+    """The gradients of levels ``last-1`` down to ``first`` of example ``program_id(0)`` (``only``:
+    as :func:`forward`'s, the backward descriptor's steps counted)."""
     b = tl.program_id(0).to(tl.int64)
     for j in range(last - first):
         p = desc + tl.load(starts + last - 1 - j)
         count = tl.load(p)
         p += 1
-        for _ in range(count):
-            p = _step_backward(p, table, gtable, b, IS_MAX, DTYPE, LOWEST, BI, BK)
+        for k in range(count):
+            active = ((only < 0) | (k == only)).to(tl.int64)
+            p = _step_backward(p, table, gtable, b, active, IS_MAX, DTYPE, LOWEST, BI, BK)
             tl.debug_barrier()

@@ -18,6 +18,8 @@ strides[n])``: the position is ``offset + Σ strides * coords + Σ stride_l * in
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .plan import Plan, Step
@@ -46,15 +48,20 @@ class Packed:
 
         self.forward: list[np.ndarray | None] = []
         self.backward: list[np.ndarray | None] = []
+        self.work: list[int] = []  # per level: its instances per example (the product of every step's box)
+        self.items: list[tuple[list[int], list[int]]] = []  # per level: its steps' items, forward and backward order
         for steps in levels:
             packed = [_pack(step, key, indexed) for step in steps]
+            backward = [s for group in backward_order(steps) for s in group]
+            self.work.append(sum(math.prod(s.sizes) for s in steps))
+            self.items.append(([math.prod(s.L) for s in steps], [math.prod(s.L) for s in backward]))
             if any(p is None for p in packed):
                 self.forward.append(None)
                 self.backward.append(None)
                 continue
             by_step = {id(s): p for s, p in zip(steps, packed)}
             self.forward.append(_level(packed))
-            self.backward.append(_level([by_step[id(s)] for group in backward_order(steps) for s in group]))
+            self.backward.append(_level([by_step[id(s)] for s in backward]))
 
 
 def packed(plan: Plan, levels: list[list[Step]], backward_order, indexed: bool = False) -> Packed:

@@ -34,6 +34,10 @@ from .plan import Plan, Step
 from .syntax import GOAL
 
 BI, BK = 32, 32  # a tile of a step's box: items by instances
+# A level of more instances per example than this runs a step per launch, its item tiles spread over
+# up to MAX_TILES programs per example (below it, one program per example loops over the level's
+# tiles: at 16 tiles of BI x BK, about what a launch costs). Not yet tuned on a GPU.
+SPLIT, MAX_TILES = 16 * BI * BK, 1024
 _enabled = True
 _interpreting = False
 
@@ -103,7 +107,9 @@ class _Uploaded:
 class Bound:
     """A run's packed levels with its buffers, as stretches: ``forward(lev)`` runs the stretch that
     starts at ``lev`` in one launch (and answers True for its other levels), ``backward(lev,
-    grads)`` the stretch that ends at ``lev``; both return False where the level runs as torch calls."""
+    grads)`` the stretch that ends at ``lev``; both return False where the level runs as torch
+    calls. A level of more than ``SPLIT`` instances per example is a stretch of its own, run a step
+    per launch with each example's item tiles spread over several programs."""
 
     def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, max: bool, skip: set[int]):
         like = buf[GOAL]
@@ -113,11 +119,12 @@ class Bound:
         self.descs = levels.uploaded[1]
         self.table = _table(buf, levels.keys, like.device)
         runs = [d is not None and lev not in skip for lev, d in enumerate(levels.forward)]
+        self.split = {lev for lev, work in enumerate(levels.work) if runs[lev] and work > SPLIT}
         self.stretch: dict[int, tuple[int, int]] = {}  # level -> (first, last + 1) of its stretch
         lev = 0
         while lev < len(runs):
             end = lev + 1
-            while runs[lev] and end < len(runs) and runs[end]:
+            while runs[lev] and lev not in self.split and end < len(runs) and runs[end] and end not in self.split:
                 end += 1
             if runs[lev]:
                 for k in range(lev, end):
@@ -125,17 +132,21 @@ class Bound:
             lev = end
         self.grads: Tensor | None = None
 
-    def _args(self) -> dict:
-        lowest = float(torch.finfo(self.dtype).min)
-        return dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=lowest, BI=BI, BK=BK)
+    def _launch(self, kernel, lev: int, first: int, last: int, items: list[int], *args) -> None:
+        constants = dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=float(torch.finfo(self.dtype).min), BI=BI, BK=BK)
+        if lev not in self.split:
+            kernel[(self.batch, 1)](*args, first, last, -1, **constants)
+            return
+        for only, count in enumerate(items):
+            tiles = min(max(-(-count // BI), 1), MAX_TILES)
+            kernel[(self.batch, tiles)](*args, lev, lev + 1, only, **constants)
 
     def forward(self, lev: int) -> bool:
         if lev not in self.stretch:
             return False
         first, last = self.stretch[lev]
         if lev == first:
-            desc, starts = self.descs.forward
-            _kernels().forward[(self.batch,)](desc, starts, self.table, first, last, **self._args())
+            self._launch(_kernels().forward, lev, first, last, self.levels.items[lev][0], *self.descs.forward, self.table)
         return True
 
     def backward(self, lev: int, grads: dict[str, Tensor]) -> bool:
@@ -145,8 +156,8 @@ class Bound:
         if lev == last - 1:
             if self.grads is None:
                 self.grads = _table(grads, self.levels.keys, self.table.device)
-            desc, starts = self.descs.backward
-            _kernels().backward[(self.batch,)](desc, starts, self.table, self.grads, first, last, **self._args())
+            self._launch(_kernels().backward, lev, first, last, self.levels.items[lev][1], *self.descs.backward, self.table,
+                         self.grads)
         return True
 
 
