@@ -23,12 +23,12 @@ import triton.language as tl
 def _along(idx, sizes, strides, lo, hi):
     """``Σ_{lo <= d < hi} strides[d] * c_d`` where ``idx`` (any shape) is the linear index of the
     coordinates ``c_lo..c_{hi-1}`` over ``sizes[lo:hi]``, the last fastest."""
-    out = idx * 0
-    rest = idx
+    out = idx.to(tl.int64) * 0
+    rest = idx.to(tl.int32)  # (coordinates fit 32 bits, and a 64-bit division costs several times more)
     for j in range(hi - lo):
         d = hi - 1 - j
-        size = tl.load(sizes + d)
-        out += (rest % size) * tl.load(strides + d)
+        size = tl.load(sizes + d).to(tl.int32)
+        out += (rest % size).to(tl.int64) * tl.load(strides + d)
         rest = rest // size
     return out
 

@@ -4,11 +4,11 @@ A step of the plan costs the torch executor ~8-30 calls of a few microseconds ea
 size; at the sizes of sentences most steps hold a few thousand numbers, so most of a run was
 dispatch. Here each level of :attr:`~.plan.Plan.fused` is packed once per plan into an int64
 descriptor (its steps' boxes, the strides and offsets of their views, their masks; the format is
-at the top of ``_kernel.c``) and run by one C call, forward and backward (which recomputes the
+:mod:`.pack`'s and at the top of ``_kernel.c``) and run by one C call, forward and backward (which recomputes the
 weights ``exp(terms - item)`` instead of keeping them). A level with a view the kernel does not
 take (a clamped gather, positions looked up from data) runs as torch calls, as does every run off
-the CPU, on forward-mode dual tensors, in another semiring, or where the optional extension was
-not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
+the CPU (on a GPU, :mod:`.triton_levels` runs the same descriptors), on forward-mode dual tensors,
+in another semiring, or where the optional extension was not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
 kernel applies, a chain with a matrix per level runs in it level by level rather than as a fused
 scan (3.5 vs 21 ms for chain marginals at B=4, N=256, C=16); a scan of one matrix for every level
 stays a scan (:meth:`~.execute.Run.scans`).

@@ -38,6 +38,7 @@ BI, BK = 32, 32  # a tile of a step's box: items by instances
 # up to MAX_TILES programs per example (below it, one program per example loops over the level's
 # tiles: at 16 tiles of BI x BK, about what a launch costs). Not yet tuned on a GPU.
 SPLIT, MAX_TILES = 16 * BI * BK, 1024
+_TRITON = importlib.util.find_spec("triton") is not None
 _enabled = True
 _interpreting = False
 
@@ -67,7 +68,7 @@ def interpreted() -> Iterator[None]:
 
 def available() -> bool:
     """Whether Triton is installed and these kernels enabled."""
-    return _enabled and importlib.util.find_spec("triton") is not None
+    return _enabled and _TRITON
 
 
 def applies(semiring: Semiring, inputs) -> bool:
@@ -75,7 +76,7 @@ def applies(semiring: Semiring, inputs) -> bool:
     semiring, floating inputs on one CUDA device (or the CPU under :func:`interpreted`), all float32
     or all float64, not while a CUDA graph is being captured."""
     floats = [x for x in inputs if x.dtype.is_floating_point]
-    if not (floats and type(semiring) in (LogSemiring, MaxSemiring) and available()):
+    if not (floats and type(semiring) in (LogSemiring, MaxSemiring)):
         return False
     device = floats[0].device
     if device.type == "cuda":
@@ -83,7 +84,7 @@ def applies(semiring: Semiring, inputs) -> bool:
             return False
     elif not (device.type == "cpu" and _interpreting):
         return False
-    return (all(x.device == device and x.dtype == floats[0].dtype for x in floats)
+    return (available() and all(x.device == device and x.dtype == floats[0].dtype for x in floats)
             and floats[0].dtype in (torch.float32, torch.float64))
 
 
