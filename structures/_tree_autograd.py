@@ -135,6 +135,7 @@ class LogPartition(torch.autograd.Function):
         (theta,) = ctx.saved_tensors
         _, mu64, certified, lengths = ctx.solution()
         mu = Marginals.apply(theta, mu64, lengths, ctx.single_root, certified)
-        if not torch.is_grad_enabled() and bool((g == 1).all()):
-            return mu, None, None, None  # the marginals themselves (no copy)
+        # the marginals themselves (no copy); not off the CPU, where the test would read the device
+        if not torch.is_grad_enabled() and g.device.type == "cpu" and bool((g == 1).all()):
+            return mu, None, None, None
         return g[:, None, None] * mu, None, None, None

@@ -35,6 +35,16 @@ the same constant (every word has exactly one head), so the arc weights ``W = ex
 Single root without a strongly connected word graph (``-inf`` arcs) is computed by conditioning
 on the root's child (one multi-root problem per candidate).
 
+**Off the CPU** (``device_path``, :func:`_on_device`) the choices above would each read the
+device (a synchronisation per decision, and no CUDA graph capture), so there every example gets
+the certified path *and* the linear exact path, and ``torch.where`` picks its answer: no value is
+read and no shape depends on one. The price is the exact path's arithmetic on every query,
+certified or not. The examples neither answers (the linear range check failing, or single root
+without a strongly connected word graph) are the rare ones: with :data:`RARE_SYNC` (the default)
+one read of their mask — the device path's only synchronisation, every query — sends them through
+steps 2-3 and the conditioning as above (which synchronise again, only then); with ``RARE_SYNC =
+False`` nothing is read and they come back NaN (for CUDA graph capture, which cannot read).
+
 Padding words are isolated nodes hanging from the root with weight 1: they contribute exactly
 ``log 1 = 0`` and exact zeros to every product, so an example's log-partition does not depend on
 the padding (up to float64 rounding of differently blocked sums).
@@ -56,6 +66,10 @@ except ImportError:
     _matrix_tree_c = None
 
 _RANGE = 1e280  # the linear exact path's range check
+
+RARE_SYNC = True
+"""Device path: whether its rare examples are recomputed exactly after one read of their mask (a
+synchronisation every query), or left NaN without any read (see the module doc)."""
 
 
 def masks(N: int, lengths: Tensor, device) -> tuple[Tensor, Tensor]:
@@ -83,33 +97,38 @@ def _closure(adj: Tensor) -> Tensor:
     return R > 0
 
 
-def feasibility(logW: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+def feasibility(logW: Tensor, real: Tensor, single_root: bool, shortcut: bool = True) -> tuple[Tensor, Tensor]:
     """``(feasible [B], connected [B])``: some tree has finite score; (single root) the words'
-    graph is strongly connected, so that every word can be the root's child."""
-    B = logW.shape[0]
+    graph is strongly connected, so that every word can be the root's child. ``shortcut``: the
+    reachability is computed only for the examples with a forbidden real arc, which reads the
+    device (``shortcut=False``: for every example, no host decision)."""
     fin = torch.isfinite(logW)
-    valid_fin = fin[:, :, 1:]
-    # fast answer when no real arc is forbidden
+    if not shortcut:
+        return _reachability(fin, real, single_root)
+    B = logW.shape[0]
     real_arcs = torch.cat([real[:, None, :].expand(B, 1, -1), real[:, :, None] & real[:, None, :]], 1)
     eye = torch.eye(real.shape[1], dtype=torch.bool, device=real.device)
     real_arcs[:, 1:] &= ~eye
-    full = (valid_fin | ~real_arcs).all(2).all(1)
+    full = (fin[:, :, 1:] | ~real_arcs).all(2).all(1)  # no real arc forbidden: both answers True
     feasible = full.clone()
     connected = full.clone()
     if bool(full.all()):
         return feasible, connected
     rows = (~full).nonzero().squeeze(1)
-    R = _closure(fin[rows, 1:, 1:])  # words -> words
-    pad = ~real[rows]
-    reach_all = (R | pad[:, None, :]).all(2) & real[rows]  # word c reaches every real word
-    if single_root:
-        feasible[rows] = (reach_all & fin[rows, 0, 1:]).any(1)
-        connected[rows] = (reach_all | pad).all(1)
-    else:
-        from_root = (fin[rows, 0, 1:].double()[:, None, :] @ R.double())[:, 0] > 0
-        feasible[rows] = (from_root | pad).all(1)
-        connected[rows] = feasible[rows]
+    feasible[rows], connected[rows] = _reachability(fin[rows], real[rows], single_root)
     return feasible, connected
+
+
+def _reachability(fin: Tensor, real: Tensor, single_root: bool) -> tuple[Tensor, Tensor]:
+    """:func:`feasibility` of every example from its finite arcs ``fin [B, N+1, N+1]``."""
+    R = _closure(fin[:, 1:, 1:])  # words -> words
+    pad = ~real
+    reach_all = (R | pad[:, None, :]).all(2) & real  # word c reaches every real word
+    if single_root:
+        return (reach_all & fin[:, 0, 1:]).any(1), (reach_all | pad).all(1)
+    from_root = (fin[:, 0, 1:].double()[:, None, :] @ R.double())[:, 0] > 0
+    feasible = (from_root | pad).all(1)
+    return feasible, feasible.clone()
 
 
 def _pow2(n: int) -> int:
@@ -224,31 +243,39 @@ def solve(logW: Tensor, real: Tensor, single_root: bool, fast: bool = True, info
 
 
 def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_root: bool, fast: bool = True,
-                                info: dict | None = None, marginals: bool = True) -> tuple[Tensor, Tensor | None]:
+                                info: dict | None = None, marginals: bool = True,
+                                device_path: bool | None = None) -> tuple[Tensor, Tensor | None]:
     """``(log Z [B], μ [B, N+1, N+1])`` in float64, exactly (see the module doc). ``fast=False``
-    skips the fast paths; ``info['method']`` tells, per example, which path answered (``fast``:
-    the certified path or, for log Z alone, the C elimination; ``lin``, ``log``, ``conditioned``
-    or ``none`` where no tree exists).
-    ``marginals=False``: log Z alone (μ is None), the fast path without an inverse."""
+    skips the fast paths; ``info['certified']`` (``[B]`` bool, on θ's device) tells where the fast
+    path answered and, off the device path, ``info['method']`` which path answered each example
+    (``fast``: the certified path or, for log Z alone, the C elimination; ``lin``, ``log``,
+    ``conditioned`` or ``none`` where no tree exists).
+    ``marginals=False``: log Z alone (μ is None), the fast path without an inverse.
+    ``device_path`` (None: on every device but the CPU; ignored with ``fast=False``): the path of
+    :func:`_on_device`, without host decisions."""
     x = theta.detach()
     B, N1, _ = x.shape
-    N = N1 - 1
     dev = x.device
+    if device_path is None:
+        device_path = dev.type != "cpu"
+    if fast and device_path:
+        logZ, mu, certified, rare = _on_device(x, lengths, single_root, marginals)
+        if info is not None:
+            info["certified"] = certified
+        if RARE_SYNC:
+            rows = rare.nonzero().squeeze(1)  # the one synchronisation of the device path
+            if rows.numel():
+                _exact_rows(x, lengths, single_root, rows, logZ, mu)
+        return logZ, mu
     if fast and _matrix_tree_c is not None and dev.type == "cpu":
         logZ, mu, ok = _in_c(x, lengths, single_root, marginals)
     elif fast:
-        valid, real = _masks(N, lengths, dev)
-        if marginals:
-            logW, c = _shifted(x, valid)
-            z, mu, ok = cert.marginals(logW.exp_(), _real(real, B, N, dev), single_root)
-        else:
-            Wt, root, c = _word_weights(x, valid)
-            (z, ok), mu = cert.log_partition(Wt, root, real, single_root), None
-        logZ = z.add_(c.sum(1))
+        logZ, mu, ok = _fast(x, single_root, marginals, _masks(N1 - 1, lengths, dev))
     if fast:
         if bool(ok.all()):
             if info is not None:
                 info["method"] = ["fast"] * B
+                info["certified"] = ok
             return logZ, mu
         rows = (~ok).nonzero().squeeze(1)
         method = ["fast" if o else "" for o in ok.tolist()]
@@ -257,18 +284,72 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
         mu = x.new_zeros(B, N1, N1, dtype=torch.float64) if marginals else None
         rows = torch.arange(B, device=dev)
         method = [""] * B
-    valid, real = _masks(N, lengths, dev)
-    sub: dict = {}
-    logW, c = _shifted(x[rows], None if valid is None else valid[rows])
-    z, m = solve(logW, _real(real, B, N, dev)[rows], single_root, False, sub)
-    logZ[rows] = z + c.sum(1)
-    if mu is not None:
-        mu[rows] = m
-    for i, name in zip(rows.tolist(), sub["method"]):
+    for i, name in zip(rows.tolist(), _exact_rows(x, lengths, single_root, rows, logZ, mu)):
         method[i] = name
     if info is not None:
         info["method"] = method
+        info["certified"] = torch.tensor([m == "fast" for m in method], dtype=torch.bool, device=dev)
     return logZ, mu
+
+
+def _fast(x: Tensor, single_root: bool, marginals: bool,
+          masks_: tuple[Tensor | None, Tensor | None]) -> tuple[Tensor, Tensor | None, Tensor]:
+    """``(log Z [B], μ or None, ok [B])`` of every example by the certified fast path in torch
+    (:mod:`structures._certified`), ``ok`` where it is certified; ``masks_``: :func:`_masks`."""
+    B, N1, _ = x.shape
+    N = N1 - 1
+    valid, real = masks_
+    if marginals:
+        logW, c = _shifted(x, valid)
+        z, mu, ok = cert.marginals(logW.exp_(), _real(real, B, N, x.device), single_root)
+    else:
+        Wt, root, c = _word_weights(x, valid)
+        (z, ok), mu = cert.log_partition(Wt, root, real, single_root), None
+    return z.add_(c.sum(1)), mu, ok
+
+
+def _exact_rows(x: Tensor, lengths: Tensor | None, single_root: bool, rows: Tensor, logZ: Tensor,
+                mu: Tensor | None) -> list[str]:
+    """Writes the examples ``rows`` of ``logZ`` and ``mu`` (if not None) by :func:`solve` without
+    the fast path; returns the path that answered each (host decisions: it synchronises)."""
+    B, N1, _ = x.shape
+    valid, real = _masks(N1 - 1, lengths, x.device)
+    sub: dict = {}
+    logW, c = _shifted(x[rows], None if valid is None else valid[rows])
+    z, m = solve(logW, _real(real, B, N1 - 1, x.device)[rows], single_root, False, sub)
+    logZ[rows] = z + c.sum(1)
+    if mu is not None:
+        mu[rows] = m
+    return sub["method"]
+
+
+def _on_device(x: Tensor, lengths: Tensor | None, single_root: bool,
+               marginals: bool) -> tuple[Tensor, Tensor | None, Tensor, Tensor]:
+    """``(log Z [B], μ or None, certified [B], rare [B])`` with no host decision (no value read
+    from the device, no shape that depends on one): the certified fast path (:func:`_fast`) and
+    the exact linear path (:func:`exact`, ``mt.LIN``) both for every example, each example's
+    answer chosen by ``torch.where``, -inf and zero marginals where no tree exists. ``rare``: the
+    examples neither answers, NaN here: the linear path's range check failed (cycles outweighing
+    trees by ~e^640), or single root without a strongly connected word graph (``-inf`` arcs).
+
+    The exact path is paid for on every example, every query (about twice the fast path's
+    arithmetic), because deciding to skip it would read the device."""
+    B, N1, _ = x.shape
+    N = N1 - 1
+    valid, real = (None, None) if lengths is None else masks(N, lengths, x.device)
+    logZ, mu, certified = _fast(x, single_root, marginals, (valid, real))
+    real = _real(real, B, N, x.device)
+    logW, c = _shifted(x, valid)
+    feasible, connected = feasibility(logW, real, single_root, shortcut=False)
+    z, m, ok = exact(logW, real, single_root, mt.LIN)
+    lin = ~certified & feasible & connected & ok
+    rare = ~certified & feasible & ~lin
+    nan = torch.full_like(z, math.nan)
+    logZ = torch.where(certified, logZ, torch.where(lin, z + c.sum(1), torch.where(rare, nan, -math.inf)))
+    if mu is not None:
+        mu = torch.where(certified[:, None, None], mu,
+                         torch.where(lin[:, None, None], m, torch.where(rare[:, None, None], math.nan, 0.0)))
+    return logZ, mu, certified, rare
 
 
 def _masks(N: int, lengths: Tensor | None, device) -> tuple[Tensor | None, Tensor | None]:
