@@ -30,7 +30,7 @@ from tqdm import tqdm
 from benchmarks import chain, constituency, ctc, nonprojective, pcfg, projective
 from benchmarks.common import fmt_bytes, machine_info, markdown_table, seed_all, time_round_robin
 from semiring.language import triton_levels
-from structures import NonProjectiveDependencyCRF
+from structures import NonProjectiveDependencyCRF, _tree_partition
 
 Impls = dict[str, Callable[[], object]]
 
@@ -72,6 +72,7 @@ def rows(quick: bool) -> Iterator[tuple[str, Impls]]:
         x = nonprojective.to_ts(theta)
         yield f"non-projective marginals B={nonprojective.B} n={n}", {
             "ours": lambda theta=theta: NonProjectiveDependencyCRF(theta).marginals,
+            "ours, device path": lambda theta=theta: _device_path(lambda: NonProjectiveDependencyCRF(theta).marginals),
             "torch-struct": lambda x=x: nonprojective.ts_marginals(x, False)}
     for n in (20,) if quick else (40, 80):
         theta = torch.randn(constituency.B, n, n, constituency.L)
@@ -82,6 +83,16 @@ def rows(quick: bool) -> Iterator[tuple[str, Impls]]:
         yield f"PCFG inside B={B} N={N} NT={NT} T={T}", {k: impls[k] for k in ("ours", "torch-struct")}
     for B, T, V, S in ctc.SIZES[1:] if quick else ctc.SIZES:
         yield f"CTC loss + gradient B={B} T={T} V={V} S={S}", ctc.implementations(B, T, V, S)
+
+
+def _device_path(fn: Callable[[], object]) -> object:
+    """``fn()`` with the non-projective CRF's device path (no host read: rare examples NaN)."""
+    saved = _tree_partition.DEVICE_PATH, _tree_partition.RARE_SYNC
+    _tree_partition.DEVICE_PATH, _tree_partition.RARE_SYNC = True, False
+    try:
+        return fn()
+    finally:
+        _tree_partition.DEVICE_PATH, _tree_partition.RARE_SYNC = saved
 
 
 def graphed(fn: Callable[[], object]) -> Callable[[], object] | None:

@@ -35,7 +35,7 @@ the same constant (every word has exactly one head), so the arc weights ``W = ex
 Single root without a strongly connected word graph (``-inf`` arcs) is computed by conditioning
 on the root's child (one multi-root problem per candidate).
 
-**Off the CPU** (``device_path``, :func:`_on_device`) the choices above would each read the
+**Off the CPU** (``device_path``, :func:`_on_device`; opt-in: :data:`DEVICE_PATH`) the choices above would each read the
 device (a synchronisation per decision, and no CUDA graph capture), so there every example gets
 the certified path *and* the linear exact path, and ``torch.where`` picks its answer: no value is
 read and no shape depends on one. The price is the exact path's arithmetic on every query,
@@ -66,6 +66,11 @@ except ImportError:
     _matrix_tree_c = None
 
 _RANGE = 1e280  # the linear exact path's range check
+
+DEVICE_PATH = False
+"""Whether runs off the CPU take the device path by default. Off until it is measured on a GPU: it
+pays the exact path's arithmetic on every example, and with :data:`RARE_SYNC` on it still reads the
+device once (``python -m benchmarks.gpu`` times it beside the default path)."""
 
 RARE_SYNC = True
 """Device path: whether its rare examples are recomputed exactly after one read of their mask (a
@@ -251,13 +256,13 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     (``fast``: the certified path or, for log Z alone, the C elimination; ``lin``, ``log``,
     ``conditioned`` or ``none`` where no tree exists).
     ``marginals=False``: log Z alone (μ is None), the fast path without an inverse.
-    ``device_path`` (None: on every device but the CPU; ignored with ``fast=False``): the path of
-    :func:`_on_device`, without host decisions."""
+    ``device_path`` (None: :data:`DEVICE_PATH` on every device but the CPU; ignored with
+    ``fast=False``): the path of :func:`_on_device`, without host decisions."""
     x = theta.detach()
     B, N1, _ = x.shape
     dev = x.device
     if device_path is None:
-        device_path = dev.type != "cpu"
+        device_path = DEVICE_PATH and dev.type != "cpu"
     if fast and device_path:
         logZ, mu, certified, rare = _on_device(x, lengths, single_root, marginals)
         if info is not None:
