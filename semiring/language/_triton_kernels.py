@@ -244,7 +244,8 @@ def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.
     return masks + M * (2 + n)
 
 
-@triton.jit
+# (level numbers are not specialized on: Triton would compile a variant for 1 and for multiples of 16)
+@triton.jit(do_not_specialize=["first", "last", "only"])
 def forward(desc, starts, table, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
             BI: tl.constexpr, BK: tl.constexpr):
     """Levels ``first..last-1`` of example ``program_id(0)``, in order (``only`` >= 0: that step of
@@ -260,7 +261,7 @@ def forward(desc, starts, table, first, last, only, IS_MAX: tl.constexpr, DTYPE:
             tl.debug_barrier()
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["first", "last", "only"])
 def backward(desc, starts, table, gtable, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr,
              LOWEST: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
     """The gradients of levels ``last-1`` down to ``first`` of example ``program_id(0)`` (``only``:
