@@ -1,11 +1,22 @@
 """Shared test setup."""
 
-import glob
+import ctypes
 import os
+
+
+def _cuda_devices() -> int:
+    """The CUDA devices the driver sees (0 without a driver), asked without importing torch."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    return count.value if driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 else 0
+
 
 # Without a GPU, Triton's kernels (tests/test_triton.py) run in its interpreter on CPU tensors. The
 # switch is read when Triton is imported, and `import torch` imports it: it is set before.
-if not glob.glob("/dev/nvidia[0-9]*"):
+if not _cuda_devices():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402

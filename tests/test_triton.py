@@ -32,7 +32,9 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 pytestmark = [pytest.mark.triton,
               pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed"),
               pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # (the interpreter's numpy: log(0), inf - inf)
-              pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="no CUDA and no interpreter")]
+              pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="no CUDA and no interpreter"),
+              pytest.mark.skipif(CUDA and os.environ.get("TRITON_INTERPRET") == "1",
+                                 reason="TRITON_INTERPRET=1 beside a GPU: the interpreter cannot read device buffers")]
 
 
 @contextmanager
