@@ -44,10 +44,10 @@ def _address(table, src, b, DTYPE: tl.constexpr):
 def _position(rd, n, nL, sizes, table, b, ii, kk, valid):
     """A read's positions at items ``ii`` and instances ``kk`` (broadcast together; their looked-up
     indices read where ``valid``), clamped where it gathers, and where the next read's descriptor starts."""
-    bound = tl.load(rd + 2)
-    at = tl.load(rd + 1) + _along(ii, sizes, rd + 4, 0, nL) + _along(kk, sizes, rd + 4, nL, n)
+    bound = tl.load(rd + 2 + n)
+    at = tl.load(rd + 1) + _along(ii, sizes, rd + 2, 0, nL) + _along(kk, sizes, rd + 2, nL, n)
     lk = rd + 4 + n
-    for _ in range(tl.load(rd + 3)):
+    for _ in range(tl.load(rd + 3 + n)):
         bound_l = tl.load(lk + 3)
         at_l = tl.load(lk + 2) + _along(ii, sizes, lk + 4, 0, nL) + _along(kk, sizes, lk + 4, nL, n)
         if bound_l > 0:
@@ -62,7 +62,7 @@ def _position(rd, n, nL, sizes, table, b, ii, kk, valid):
 @triton.jit
 def _next(rd, n):
     """Where the read after the one at ``rd`` starts."""
-    return rd + 4 + n + tl.load(rd + 3) * (4 + n)
+    return rd + 4 + n + tl.load(rd + 3 + n) * (4 + n)
 
 
 @triton.jit
@@ -70,9 +70,9 @@ def _varies(rd, n, nL):
     """Whether a read's position varies with the K coordinates (its own strides or its lookups')."""
     out = n * 0
     for d in range(nL, n):
-        out += tl.abs(tl.load(rd + 4 + d))
+        out += tl.abs(tl.load(rd + 2 + d))
     lk = rd + 4 + n
-    for _ in range(tl.load(rd + 3)):
+    for _ in range(tl.load(rd + 3 + n)):
         for d in range(nL, n):
             out += tl.abs(tl.load(lk + 4 + d))
         lk += 4 + n

@@ -9,7 +9,7 @@ coordinates, the first ``nL`` its items', the rest summed; ``src`` names a buffe
 positions) or look positions up from data is not packed for it, and its level runs as torch calls.
 
 The Triton kernels take the *indexed* form (``Packed(..., indexed=True)``), where each read is
-``src, offset, bound, nlookups, strides[n]`` then ``nlookups x (src, stride, offset, bound,
+``src, offset, strides[n], bound, nlookups`` then ``nlookups x (src, stride, offset, bound,
 strides[n])``: the position is ``offset + Σ strides * coords + Σ stride_l * index_l``, where
 ``index_l`` is read from an integer input at ``offset_l + Σ strides_l * coords`` (clamped into
 ``0..bound_l - 1`` where ``bound_l`` > 0), the whole clamped into ``0..bound - 1`` where ``bound`` > 0
@@ -86,10 +86,9 @@ def _pack(step: Step, key, indexed: bool) -> list[int] | None:
 
     out = [n, nL, len(reads), len(step.heads), len(step.masks), int(step.accumulate), int(step.shared), *step.sizes]
     for v in reads:
-        out += [key(v.source), v.offset]
+        out += [key(v.source), v.offset, *strides(v)]
         if indexed:
             out += [v.bound if v.gather or v.lookups else 0, len(v.lookups)]
-        out += strides(v)
         for stride, lv in v.lookups if indexed else ():
             out += [key(lv.source, indices=True), stride, lv.offset, lv.bound if lv.gather else 0, *strides(lv)]
     for v in step.heads:
