@@ -80,6 +80,12 @@ def leaf(t: Tensor) -> Tensor:
     return constant(t).requires_grad_()
 
 
+def as_given(t: Tensor) -> Tensor:
+    """``t`` with the autograd state it has now: a view of a tensor that requires no grad is
+    detached, for its base may start requiring grad later (torch-struct's algorithms set it on their
+    input), which makes the view require grad with no graph behind it: no gradient can be taken by it."""
+    return t.detach() if t._base is not None and not t.requires_grad else t
+
 
 def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
     """⟨θ, μ⟩ over the last ``dims`` dimensions, with 0 · (-inf) = 0 (forbidden parts have μ = 0)."""
@@ -125,7 +131,7 @@ class Distribution(torch.distributions.Distribution):
         check_shape("log_potentials", log_potentials, self.shape)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
-        self._theta = log_potentials.to(self._compute_dtype(log_potentials.dtype))
+        self._theta = as_given(log_potentials.to(self._compute_dtype(log_potentials.dtype)))
         self._batch = log_potentials.shape[0]
         self._check_sizes()
         if mask is None:

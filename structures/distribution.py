@@ -19,7 +19,7 @@ from torch import Tensor
 import semiring as sr
 from semiring import Program
 
-from .base import Distribution, _eager, constant, leaf, recording
+from .base import Distribution, _eager, as_given, constant, leaf, recording
 from .validation import Lengths, check_integers, check_shape, check_tags, validating
 
 # the checks' former home: structures written against it import them from here
@@ -57,7 +57,7 @@ class StructuredDistribution(Distribution):
         self._lookups = {k: v for k, v in (shared or {}).items() if k in self.program.lookups}
         self._shared = {k: v for k, v in (shared or {}).items() if k not in self._lookups}
         super().__init__(log_potentials, lengths, mask=mask)
-        self._shared = {k: v.to(self._theta.dtype) for k, v in self._shared.items()}
+        self._shared = {k: as_given(v.to(self._theta.dtype)) for k, v in self._shared.items()}
 
     def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The type torch's arithmetic would give the potentials and the shared scores together

@@ -1,6 +1,7 @@
 """Every structure's queries whatever the caller's autograd state: under ``torch.no_grad()`` and
 ``torch.inference_mode()`` (where the queries that are gradients, argmax and marginals, still
-differentiate). Each answers as a structure built and queried plainly."""
+differentiate), and on a view of a tensor that starts requiring grad after the structure is built
+(torch-struct's algorithms set it on their input). Each answers as a structure built and queried plainly."""
 
 from __future__ import annotations
 
@@ -43,3 +44,19 @@ def test_a_query_under_no_grad_or_inference_mode_is_the_plain_one(build, query, 
         got = QUERIES[query](make())
     assert_close(got, plain(build, query))
 
+
+def views(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Inputs that are views of tensors that require no grad (yet)."""
+    return [t.to(device).view(t.shape) for t in tensors]
+
+
+@per_structure
+@pytest.mark.parametrize("query", ["marginals", "entropy", "kl"])
+def test_a_structure_on_a_view_whose_base_then_requires_grad_answers_as_before(build, query):
+    """Such a view requires grad with no graph behind it: the queries that differentiate by the
+    potentials must not take it for them."""
+    make, inputs = build(CPU, views)
+    d = make()
+    for view in inputs:
+        view._base.requires_grad_(True)
+    assert_close(QUERIES[query](d), plain(build, query))
