@@ -52,6 +52,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
     """
 
     shape = "B, N, N"
+    torch_struct_multiroot = False  # torch-struct's NonProjectiveDependencyCRF: one root child by default
 
     def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, single_root: bool = False, *,
                  mask: Tensor | None = None):
