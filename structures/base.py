@@ -22,14 +22,17 @@ semiring with :func:`algorithm` (:class:`structures.NonProjectiveDependencyCRF`)
 
 Potentials of ``-inf`` forbid parts (constraints); with nothing left, ``log Z = -inf``, marginals
 are 0 and no result is NaN. float16/bfloat16 potentials are computed in float32 and results
-returned in the input dtype. Inputs are never modified.
+returned in the input dtype. Inputs are never modified. The queries answer alike under
+``torch.no_grad()`` and ``torch.inference_mode()``: those that are gradients differentiate where
+autograd records (:func:`recording`), on copies of what inference mode made.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from functools import cached_property
-from typing import Callable, ClassVar, Mapping, Sequence, TypeVar
+from typing import Callable, ClassVar, Iterator, Mapping, Sequence, TypeVar
 
 import torch
 from torch import Tensor
@@ -55,6 +58,33 @@ def algorithm(*semirings: type[sr.Semiring]) -> Callable[[Method], Method]:
         method._semirings = semirings
         return method
     return register
+
+
+@contextmanager
+def recording() -> Iterator[None]:
+    """Autograd on, whatever the caller's mode: the queries that are gradients (marginals, argmax,
+    samples, top k) differentiate under ``torch.no_grad()`` and ``torch.inference_mode()`` too."""
+    with torch.inference_mode(False), torch.enable_grad():
+        yield
+
+
+def constant(t: Tensor) -> Tensor:
+    """``t`` cut from its graph, as a tensor autograd may save: one made in inference mode is copied
+    where autograd records (outside inference mode, as within :func:`recording`)."""
+    t = t.detach()
+    return t.clone() if t.is_inference() and not torch.is_inference_mode_enabled() else t
+
+
+def leaf(t: Tensor) -> Tensor:
+    """A leaf requiring grad with ``t``'s values, for a query to differentiate by (within :func:`recording`)."""
+    return constant(t).requires_grad_()
+
+
+def as_given(t: Tensor) -> Tensor:
+    """``t`` with the autograd state it has now: a view of a tensor that requires no grad is
+    detached, for its base may start requiring grad later (torch-struct's algorithms set it on their
+    input), which makes the view require grad with no graph behind it: no gradient can be taken by it."""
+    return t.detach() if t._base is not None and not t.requires_grad else t
 
 
 def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
@@ -101,7 +131,7 @@ class Distribution(torch.distributions.Distribution):
         check_shape("log_potentials", log_potentials, self.shape)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
-        self._theta = log_potentials.to(self._compute_dtype(log_potentials.dtype))
+        self._theta = as_given(log_potentials.to(self._compute_dtype(log_potentials.dtype)))
         self._batch = log_potentials.shape[0]
         self._check_sizes()
         if mask is None:
@@ -193,8 +223,8 @@ class Distribution(torch.distributions.Distribution):
     @_eager
     def _grad(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None):
         """(value, ∂ value / ∂θ) of the structure in ``semiring``, θ detached."""
-        with torch.enable_grad():  # these queries are gradients, also under torch.no_grad()
-            x = (self._theta if theta is None else theta).detach().requires_grad_()
+        with recording():
+            x = leaf(self._theta if theta is None else theta)
             value = self.run(semiring, x, lengths)
             return value.detach(), self._derivative(value, x)
 
@@ -250,8 +280,8 @@ class Distribution(torch.distributions.Distribution):
 
     def topk(self, k: int) -> Tensor:
         """``[k, B, *parts]``: the k best structures, best first (slots past the count are 0)."""
-        with torch.enable_grad():
-            x = self._theta.detach().requires_grad_()
+        with recording():
+            x = leaf(self._theta)
             scores = self.run(sr.KMax(k), x)
             rows = [self._derivative(scores[j], x, retain_graph=j + 1 < k) for j in range(k)]
         return self._out(torch.stack(rows))
@@ -396,8 +426,8 @@ class Distribution(torch.distributions.Distribution):
     def marginals_backward(self, grad_marginals: Tensor) -> Tensor:
         """``[B, *parts]``: ∂L/∂θ for a loss L with ``grad_marginals = ∂L/∂μ``, computed as the gradient
         of ``expected_score(grad_marginals)`` (Kim et al. 2017 §3.3)."""
-        with torch.enable_grad():
-            x = self._theta.detach().requires_grad_()
+        with recording():
+            x = leaf(self._theta)
             return self._out(self._derivative(self._expected(x, grad_marginals.detach(), sr.SignedLog), x))
 
     def _expected(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:

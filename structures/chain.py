@@ -91,8 +91,7 @@ class LinearChainCRF(StructuredDistribution):
 
     def decode(self) -> Tensor:
         """``[B, N]`` long: the best tag sequence (0 past each length). Works under ``torch.no_grad()``."""
-        with torch.enable_grad():  # the argmax is the gradient of the Max program
-            return self.tags(self.argmax)
+        return self.tags(self.argmax)
 
     def tags(self, parts: Tensor) -> Tensor:
         """Tags ``[..., B, N]`` of structures given as one-hot parts ``[..., B, N-1, C, C]``."""

@@ -19,7 +19,7 @@ from torch import Tensor
 import semiring as sr
 from semiring import Program
 
-from .base import Distribution, _eager
+from .base import Distribution, _eager, as_given, constant, leaf, recording
 from .validation import Lengths, check_integers, check_shape, check_tags, validating
 
 # the checks' former home: structures written against it import them from here
@@ -57,7 +57,7 @@ class StructuredDistribution(Distribution):
         self._lookups = {k: v for k, v in (shared or {}).items() if k in self.program.lookups}
         self._shared = {k: v for k, v in (shared or {}).items() if k not in self._lookups}
         super().__init__(log_potentials, lengths, mask=mask)
-        self._shared = {k: v.to(self._theta.dtype) for k, v in self._shared.items()}
+        self._shared = {k: as_given(v.to(self._theta.dtype)) for k, v in self._shared.items()}
 
     def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The type torch's arithmetic would give the potentials and the shared scores together
@@ -112,9 +112,10 @@ class StructuredDistribution(Distribution):
         return self._lookups
 
     def _lookups_for(self, rows: int) -> dict[str, Tensor]:
-        """The looked-up integer inputs for a batch of ``rows`` (k copies of the batch)."""
+        """The looked-up integer inputs for a batch of ``rows`` (k copies of the batch), as tensors
+        autograd may save (the run's node saves its inputs)."""
         copies = rows // max(1, self._batch)
-        return {k: v.repeat(copies, *[1] * (v.dim() - 1)) if copies > 1 and v.shape[0] == self._batch else v
+        return {k: constant(v.repeat(copies, *[1] * (v.dim() - 1)) if copies > 1 and v.shape[0] == self._batch else v)
                 for k, v in self._lookups.items()}
 
     def _inputs(self, theta: Tensor, expand: bool = False, detach: bool = False, constraints: bool = False) -> dict[str, Tensor]:
@@ -125,7 +126,7 @@ class StructuredDistribution(Distribution):
         copies = theta.shape[0] // max(1, self._batch)
         out = {self._input: theta}
         for name, v in self._shared.items():
-            v = v.detach() if detach else v
+            v = constant(v) if detach else v
             if constraints:
                 v = torch.zeros_like(v).masked_fill(torch.isneginf(v), -math.inf).to(theta.dtype)
             if v.shape[0] == self._batch and copies > 1:
@@ -170,8 +171,8 @@ class StructuredDistribution(Distribution):
         if not self._shared:
             return super()._expected_counts()
         create = torch.is_grad_enabled() and (self._theta.requires_grad or any(v.requires_grad for v in self._shared.values()))
-        with torch.enable_grad():
-            xs = {n: v if create and v.requires_grad else v.detach().requires_grad_()
+        with recording():
+            xs = {n: v if create and v.requires_grad else leaf(v)
                   for n, v in self._inputs(self._theta, expand=True).items()}
             value = self._run(sr.Log, xs)
             grads = torch.autograd.grad(value.sum(), list(xs.values()), create_graph=create, allow_unused=True)

@@ -55,8 +55,7 @@ class EmissionCRF(StructuredDistribution):
 
     def decode(self) -> Tensor:
         """``[B, N]`` long: the best tag sequence (0 past each length)."""
-        with torch.enable_grad():  # the argmax is the gradient of the Max program
-            return self.argmax.argmax(-1)
+        return self.argmax.argmax(-1)
 
     def to_parts(self, tags: Tensor) -> Tensor:
         """One-hot tags ``[..., B, N, C]`` of tag sequences ``[..., B, N]`` (entries past each length ignored)."""

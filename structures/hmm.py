@@ -24,6 +24,7 @@ from torch import Tensor
 
 import semiring as sr
 
+from .base import leaf, recording
 from .emission import EmissionCRF
 from .validation import check_shape, validating
 
@@ -66,8 +67,8 @@ class HMM(EmissionCRF):
         """The expected counts of the events under the posterior, summed over the batch — ``start [C]``,
         ``transitions [C, C]`` (from, to), ``emission [C, V]`` — and the log-partition ``[B]`` (detached),
         from one forward and one backward pass. Examples of likelihood 0 count nothing."""
-        with torch.enable_grad():
-            xs = {name: v.detach().requires_grad_() for name, v in self._inputs(self._theta).items()}
+        with recording():
+            xs = {name: leaf(v) for name, v in self._inputs(self._theta).items()}
             log_z = self._run(sr.Log, xs)
             possible = torch.isfinite(log_z)
             grads = dict(zip(xs, torch.autograd.grad(log_z[possible].sum(), list(xs.values()))))

@@ -52,6 +52,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
     """
 
     shape = "B, N, N"
+    torch_struct_multiroot = False  # torch-struct's NonProjectiveDependencyCRF: one root child by default
 
     def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, single_root: bool = False, *,
                  mask: Tensor | None = None):
@@ -88,8 +89,9 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
         return res
 
     def _memo_key(self, theta: Tensor, lengths: Tensor | None) -> tuple | None:
-        """The key of :meth:`_exact_result`'s memo: None unless ``theta`` is this distribution's own."""
-        if theta.data_ptr() == self._theta.data_ptr() and theta.shape == self._theta.shape and theta.stride() == self._theta.stride():
+        """The key of :meth:`_exact_result`'s memo: None unless ``theta`` is this distribution's own
+        and has a version counter (an inference tensor has none)."""
+        if not theta.is_inference() and theta.data_ptr() == self._theta.data_ptr() and theta.shape == self._theta.shape and theta.stride() == self._theta.stride():
             return theta._version, None if lengths is None else tuple(lengths.tolist())
         return None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor
 
@@ -36,14 +38,21 @@ class DependencyTrees:
     each sentence's words, a prefix; the lengths are ``mask[:, 1:].sum(-1)``."""
 
     mask_root = True
+    # from_torch_struct's default: torch-struct 0.5's DependencyCRF's (several root children; it has no second-order CRF)
+    torch_struct_multiroot: ClassVar[bool] = True
 
     @classmethod
-    def from_torch_struct(cls, arc_scores: Tensor, *args, **kwargs):
-        """The distribution of torch-struct's ``DependencyCRF(arc_scores, lengths)``: ``arc_scores
-        [B, N, N]`` scores head ``h`` -> modifier ``m`` among words ``0..N-1`` with the root's arcs
-        on the diagonal (``[b, m, m]``: root -> m). The other arguments are the constructor's."""
+    def from_torch_struct(cls, arc_scores: Tensor, *args, multiroot: bool | None = None, **kwargs):
+        """The distribution of torch-struct's ``DependencyCRF(arc_scores, lengths, multiroot=...)``
+        (of its ``NonProjectiveDependencyCRF`` for the non-projective trees): ``arc_scores [B, N, N]``
+        scores head ``h`` -> modifier ``m`` among words ``0..N-1`` with the root's arcs on the
+        diagonal (``[b, m, m]``: root -> m). ``multiroot`` (in place of ``single_root``) lets the root
+        take several children; its default is torch-struct's, so that a ported call keeps its
+        distribution: True for projective trees, False for non-projective ones. The other arguments
+        are the constructor's."""
         check_shape("arc_scores", arc_scores, "B, N, N")
-        return cls(root_row(arc_scores), *args, **kwargs)
+        multiroot = cls.torch_struct_multiroot if multiroot is None else multiroot
+        return cls(root_row(arc_scores), *args, single_root=not multiroot, **kwargs)
 
     def _support_flags(self) -> tuple:
         return (self.single_root,)

@@ -28,54 +28,55 @@ def _leaves(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
 
 # A builder of a structure takes a device and gives (make, leaves): ``make()`` builds the
 # distribution from tensors already on the device (so that building it copies nothing from the
-# host), ``leaves`` are its floating inputs, which require grad.
+# host), ``leaves`` are its floating inputs, which require grad. Its ``as_inputs`` (default
+# ``_leaves``) makes those inputs on the device from random tensors.
 
 
 def _family_builder(family) -> Callable:
     shape = max(family.shapes, key=lambda s: math.prod(s))
 
-    def build(device: torch.device):
+    def build(device: torch.device, as_inputs: Callable = _leaves):
         g = torch.Generator().manual_seed(11)
-        (theta,) = _leaves(device, random_potentials(shape, 3, g, forbid=0.2))
+        (theta,) = as_inputs(device, random_potentials(shape, 3, g, forbid=0.2))
         lengths = random_lengths(3, family.max_length(shape), g).to(device)
         return (lambda: family.cls(theta, lengths)), [theta]
     return build
 
 
 def _others() -> dict[str, Callable]:
-    def inputs(device, *shapes):
+    def inputs(device, as_inputs, *shapes):
         g = torch.Generator().manual_seed(3)
-        return _leaves(device, *(torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes))
+        return as_inputs(device, *(torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes))
 
-    def alignment(device):
-        (theta,) = leaves = inputs(device, (2, 4, 5))
+    def alignment(device, as_inputs=_leaves):
+        (theta,) = leaves = inputs(device, as_inputs, (2, 4, 5))
         lengths = {"n": torch.tensor([4, 2], device=device), "m": torch.tensor([5, 3], device=device)}
         return (lambda: AlignmentCRF(theta, lengths)), leaves
 
-    def ctc(device):
-        (logits,) = leaves = inputs(device, (2, 9, 4))
+    def ctc(device, as_inputs=_leaves):
+        (logits,) = leaves = inputs(device, as_inputs, (2, 9, 4))
         targets = torch.tensor([[1, 2, 2], [3, 1, 0]], device=device)
         lengths = torch.tensor([9, 6], device=device), torch.tensor([3, 2], device=device)
         return (lambda: CTC(logits.log_softmax(-1), targets, *lengths)), leaves
 
-    def hmm(device):
-        emission, transitions, start = leaves = inputs(device, (3, 6), (3, 3), (3,))
+    def hmm(device, as_inputs=_leaves):
+        emission, transitions, start = leaves = inputs(device, as_inputs, (3, 6), (3, 3), (3,))
         words = torch.tensor([[0, 5, 2, 2, 1], [4, 3, 0, 0, 0]], device=device)
         lengths = torch.tensor([5, 2], device=device)
         return (lambda: HMM(words, emission.log_softmax(-1), transitions.log_softmax(-1), start.log_softmax(-1), lengths)), leaves
 
-    def pcfg(device):
-        leaves = inputs(device, (2, 4, 3), (2, 2, 5, 5), (2, 2))
+    def pcfg(device, as_inputs=_leaves):
+        leaves = inputs(device, as_inputs, (2, 4, 3), (2, 2, 5, 5), (2, 2))
         lengths = torch.tensor([4, 2], device=device)
         return (lambda: PCFG(*leaves, lengths)), leaves
 
-    def tdpcfg(device):
-        leaves = inputs(device, (2, 4, 3), (2, 2, 3), (2, 5, 3), (2, 5, 3), (2, 2))
+    def tdpcfg(device, as_inputs=_leaves):
+        leaves = inputs(device, as_inputs, (2, 4, 3), (2, 2, 3), (2, 5, 3), (2, 5, 3), (2, 2))
         lengths = torch.tensor([4, 3], device=device)
         return (lambda: TDPCFG(*leaves, lengths)), leaves
 
-    def second_order(device):
-        leaves = inputs(device, (2, 5, 5), (2, 5, 5, 5))
+    def second_order(device, as_inputs=_leaves):
+        leaves = inputs(device, as_inputs, (2, 5, 5), (2, 5, 5, 5))
         lengths = torch.tensor([4, 2], device=device)
         return (lambda: SecondOrderDependencyCRF(*leaves, lengths)), leaves
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from structures import ConstituencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF
+from structures import ConstituencyCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
 PEERS = {"torch-struct": "torch_struct", "pytorch-crf": "torchcrf"}
@@ -34,6 +34,21 @@ def test_example_runs_and_agrees_with_the_peer(peer):
     pytest.importorskip(PEERS[peer])
     torch.manual_seed(0)
     exec(compile(examples()[peer], str(DOC), "exec"), {"__name__": "docs_porting"})
+
+
+@pytest.mark.parametrize("multiroot", [None, True, False], ids=["default", "multiroot", "one root"])
+@pytest.mark.parametrize("theirs, ours", [("DependencyCRF", ProjectiveDependencyCRF),
+                                          ("NonProjectiveDependencyCRF", NonProjectiveDependencyCRF)], ids=["projective", "nonprojective"])
+def test_from_torch_struct_keeps_torch_structs_root_default(theirs, ours, multiroot):
+    """torch-struct's DependencyCRF lets the root take several children by default, its
+    NonProjectiveDependencyCRF one: from_torch_struct follows each (log Z differs by ~1 otherwise).
+    Its non-projective log Z adds a small constant to the Laplacian: it agrees to about 1e-4."""
+    torch_struct = pytest.importorskip("torch_struct")
+    arcs = torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    lengths = torch.tensor([6, 4])
+    chosen = {} if multiroot is None else {"multiroot": multiroot}
+    expected = getattr(torch_struct, theirs)(arcs.detach().requires_grad_() * 1, lengths=lengths, **chosen).partition
+    assert_close(ours.from_torch_struct(arcs, lengths, **chosen).log_partition, expected.detach(), rtol=0, atol=1e-3)
 
 
 def test_supar_layouts_convert_as_the_table_says():

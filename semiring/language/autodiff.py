@@ -32,8 +32,9 @@ class Tape(torch.autograd.Function):
     def forward(ctx, run: Run, *elements: Tensor) -> Tensor:
         ctx.run = run
         ctx.save_for_backward(*elements)
+        backward = any(ctx.needs_input_grad) and not torch.is_inference_mode_enabled()  # (none comes in inference mode)
         with _unrecorded(run):
-            out, ctx.buffers = run.forward([e.detach() for e in elements], keep=any(ctx.needs_input_grad))
+            out, ctx.buffers = run.forward([e.detach() for e in elements], keep=backward)
         return out.clone()
 
     @staticmethod
