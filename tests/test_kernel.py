@@ -71,14 +71,21 @@ def test_max_ties_go_to_the_first_rule_and_instance_as_in_the_torch_calls():
         assert torch.equal(value, value_torch) and torch.equal(grad, grad_torch)
 
 
-def test_the_cpu_runs_eisner_and_cky_in_the_kernel():
-    """Every level of the projective and constituency programs is packed for the kernel (none
-    falls back to torch calls), and a run on the CPU binds it."""
-    for text, inputs in ((_MULTI_ROOT, dict(arc=torch.randn(2, 7, 7))), (ConstituencyCRF.program.text, dict(score=torch.randn(2, 6, 6, 3)))):
-        program = sr.program(text)
-        program(sr.Log, **inputs)
-        (plan,) = program._plans.values()
-        assert all(d is not None for d in plan.packed[False].forward + plan.packed[False].backward)
+@pytest.mark.parametrize("name", ["projective multi-root", "cky", "ctc (lookup)", "alignment (n, m)"])
+def test_the_cpu_runs_every_level_in_the_kernel(name, monkeypatch):
+    """Every level of Eisner's, CKY's, CTC's (positions looked up from data, as docs/language.md
+    writes it) and alignment's programs is packed for the kernel (none falls back to torch calls),
+    and a run on the CPU binds it, int32 indices too."""
+    text, inputs, lengths = run(name, torch.float64)
+    inputs = {k: v.int() if not v.dtype.is_floating_point else v for k, v in inputs.items()}
+    bound = []
+    bind = kernel.bind
+    monkeypatch.setattr(kernel, "bind", lambda *args: bound.append(bind(*args)) or bound[-1])
+    program = sr.program(text)
+    program(sr.Log, lengths=lengths, **inputs)
+    (plan,) = program._plans.values()
+    assert all(d is not None for d in plan.packed.forward + plan.packed.backward)
+    assert bound and all(b is not None for b in bound)
     with kernel.disabled():
         assert not kernel.available()
     assert kernel.available()

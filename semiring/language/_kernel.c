@@ -21,10 +21,15 @@
  * else item by item, the lanes being its K instances. The exp and the log1p of logaddexp are
  * vector polynomials, exact to half an ulp (tests/test_kernel.py checks both against torch).
  *
- * Descriptor of a level (int64): the number of steps, then per step
+ * Descriptor of a level (int64, semiring/language/pack.py): the number of steps, then per step
  *   n, nL, R, H, M, accumulate, shared, sizes[n],
- *   R x (src, offset, strides[n]), H x (src, offset, strides[nL]), M x (op (0: >=, 1: !=), const, coeffs[n]).
+ *   R x (src, offset, strides[n], bound, L, L x (src, stride, offset, bound, strides[n])),
+ *   H x (src, offset, strides[nL]), M x (op (0: >=, 1: !=), const, coeffs[n]).
  * Table (int64): per source, (address, batch stride).
+ * A read with L > 0 lookups adds stride_l * index_l to its position, index_l read from an int64
+ * source at offset_l + Σ strides_l * coords (clamped into [0, bound_l) where bound_l > 0), and the
+ * position is clamped into [0, bound) where bound > 0 (a gather): such a read's positions are
+ * computed a row at a time (located_row()), on every path.
  *
  * forward(max, double, B, table, level)          the level's items into their heads (max: the Max
  *                                                semiring's, below; else the Log semiring's)
@@ -45,18 +50,26 @@
 typedef struct {
     int64_t n, nL, R, H, M, accumulate, shared;
     const int64_t *sizes;
-    const int64_t *reads; /* R x (2 + n) */
+    const int64_t *rd[MAXREADS]; /* each read: src, offset, strides[n], bound, L, lookups */
     const int64_t *heads; /* H x (2 + nL) */
     const int64_t *masks; /* M x (2 + n) */
     int64_t K;            /* instances per item: the product of the K sizes */
 } Step;
 
-/* the step at p; returns the position after it */
-static const int64_t *parse(const int64_t *p, Step *s) {
+/* the step at p (ending before end); returns the position after it, or NULL where it is malformed */
+static const int64_t *parse(const int64_t *p, const int64_t *end, Step *s) {
+    if (end - p < 7) return NULL;
     s->n = p[0]; s->nL = p[1]; s->R = p[2]; s->H = p[3]; s->M = p[4]; s->accumulate = p[5]; s->shared = p[6];
+    if (s->n < 0 || s->n > MAXDIM || s->R < 0 || s->R > MAXREADS) return NULL;
     p += 7;
     s->sizes = p; p += s->n;
-    s->reads = p; p += s->R * (2 + s->n);
+    for (int64_t r = 0; r < s->R; r++) {
+        if (end - p < 4 + s->n) return NULL;
+        s->rd[r] = p;
+        const int64_t L = p[3 + s->n];
+        if (L < 0 || L > MAXREADS) return NULL;
+        p += (4 + s->n) * (1 + L);
+    }
     s->heads = p; p += s->H * (2 + s->nL);
     s->masks = p; p += s->M * (2 + s->n);
     s->K = 1;
@@ -67,6 +80,58 @@ static const int64_t *parse(const int64_t *p, Step *s) {
 static int check(const Step *s) {
     return s->n >= 0 && s->n <= MAXDIM && s->nL >= 0 && s->nL <= s->n && s->R >= 0 && s->R <= MAXREADS && s->H >= 1 && s->M >= 0;
 }
+
+#define ROW_CHUNK 256 /* positions of an indexed read computed at a time (a stack array) */
+
+/* the positions of read rd (from its offset) for example b at the instances where coordinate last
+ * is coords[last] + i0 + j, j < count, its other coordinates coords' (last < 0: none varies): the
+ * strided part and every lookup along the row, then the clamps */
+static void located_row(const Step *s, const int64_t *rd, const int64_t *table, int64_t b, const int64_t *coords,
+                        int64_t last, int64_t i0, int64_t count, int64_t *pos) {
+    const int64_t n = s->n, bound = rd[2 + n];
+    int64_t at = rd[1];
+    for (int64_t d = 0; d < n; d++) at += rd[2 + d] * (coords[d] + (d == last ? i0 : 0));
+    const int64_t st = last >= 0 ? rd[2 + last] : 0;
+    for (int64_t j = 0; j < count; j++) pos[j] = at + j * st;
+    const int64_t *lk = rd + 4 + n;
+    for (int64_t l = 0; l < rd[3 + n]; l++, lk += 4 + n) {
+        int64_t la = lk[2];
+        for (int64_t d = 0; d < n; d++) la += lk[4 + d] * (coords[d] + (d == last ? i0 : 0));
+        const int64_t ls = last >= 0 ? lk[4 + last] : 0, lb = lk[3], stride = lk[1];
+        const int64_t *index = (const int64_t *)(intptr_t)table[2 * lk[0]] + b * table[2 * lk[0] + 1];
+        for (int64_t j = 0; j < count; j++) {
+            int64_t x = la + j * ls;
+            if (lb > 0) x = x < 0 ? 0 : x >= lb ? lb - 1 : x;
+            pos[j] += stride * index[x];
+        }
+    }
+    for (int64_t j = 0; j < count; j++) {
+        int64_t x = pos[j];
+        if (bound > 0) x = x < 0 ? 0 : x >= bound ? bound - 1 : x;
+        pos[j] = x - rd[1];
+    }
+}
+
+/* the position of read rd (from its offset) at the instance coords[0:n] */
+static int64_t located(const Step *s, const int64_t *rd, const int64_t *table, int64_t b, const int64_t *coords) {
+    int64_t pos;
+    located_row(s, rd, table, b, coords, -1, 0, 1, &pos);
+    return pos;
+}
+
+/* a row of an indexed read: BODY runs for i = c + j (j < m) with its position pos[j] */
+#define EACH_LOCATED(rd, coords, last, inner, BODY)                                                  \
+    do {                                                                                               \
+        int64_t pos[ROW_CHUNK];                                                                        \
+        for (int64_t c = 0; c < (inner); c += ROW_CHUNK) {                                             \
+            const int64_t m = (inner) - c < ROW_CHUNK ? (inner) - c : ROW_CHUNK;                       \
+            located_row(s, rd, table, b, coords, last, c, m, pos);                                     \
+            for (int64_t j = 0; j < m; j++) BODY;                                                      \
+        }                                                                                              \
+    } while (0)
+
+/* whether read rd gathers or looks positions up (its positions then come from located_row()) */
+static inline int indexed(const Step *s, const int64_t *rd) { return rd[2 + s->n] > 0 || rd[3 + s->n] > 0; }
 
 /* whether the instance at coords passes every mask */
 static int holds(const Step *s, const int64_t *coords) {
@@ -207,7 +272,8 @@ static inline __attribute__((always_inline)) void store_##SUFFIX(T *p, V v) { me
                                                                                                             \
 /* the terms of the item whose reads start at base[r] (its K instances, -inf where masked) into          \
  * t[0:K], and -inf up to the next multiple of the vector width */                                         \
-static inline __attribute__((always_inline)) void terms_##SUFFIX(const Step *s, T *const *src,             \
+static inline __attribute__((always_inline)) void terms_##SUFFIX(const Step *s, const int64_t *table,      \
+                                                                 int64_t b, T *const *src,                  \
                                                                  const int64_t *base, int64_t *coords, T *t) { \
     for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                                  \
     const int64_t last = s->n - 1, inner = s->n > s->nL ? s->sizes[last] : 1;                              \
@@ -216,7 +282,11 @@ static inline __attribute__((always_inline)) void terms_##SUFFIX(const Step *s, 
         T *restrict out = t + k;                                                                            \
         if (s->R == 0) for (int64_t i = 0; i < inner; i++) out[i] = 0;                                     \
         for (int64_t r = 0; r < s->R; r++) {                                                               \
-            const int64_t *rd = s->reads + r * (2 + s->n);                                                 \
+            const int64_t *rd = s->rd[r];                                                 \
+            if (indexed(s, rd)) {                                                                           \
+                EACH_LOCATED(rd, coords, last, inner, out[c + j] = r == 0 ? src[r][pos[j]] : out[c + j] + src[r][pos[j]]); \
+                continue;                                                                                   \
+            }                                                                                               \
             int64_t at = base[r];                                                                           \
             for (int64_t d = s->nL; d < last; d++) at += rd[2 + d] * coords[d];                           \
             const T *restrict x = src[r] + at;                                                              \
@@ -268,7 +338,7 @@ static T logaddexp_##SUFFIX(T a, T b) {                                         
 static inline __attribute__((always_inline)) void place_##SUFFIX(const Step *s, const int64_t *table,      \
                                                                  int64_t b, T **src, T **dst) {             \
     for (int64_t r = 0; r < s->R; r++) {                                                                   \
-        const int64_t *rd = s->reads + r * (2 + s->n);                                                     \
+        const int64_t *rd = s->rd[r];                                                     \
         src[r] = (T *)(intptr_t)table[2 * rd[0]] + b * table[2 * rd[0] + 1] + rd[1];                       \
     }                                                                                                       \
     for (int64_t h = 0; h < s->H; h++) {                                                                   \
@@ -281,7 +351,7 @@ static inline __attribute__((always_inline)) void place_##SUFFIX(const Step *s, 
 static inline __attribute__((always_inline)) void item_offsets_##SUFFIX(const Step *s, const int64_t *coords, \
                                                                         int64_t *rbase, int64_t *hbase) {   \
     for (int64_t r = 0; r < s->R; r++) {                                                                   \
-        const int64_t *rd = s->reads + r * (2 + s->n);                                                     \
+        const int64_t *rd = s->rd[r];                                                     \
         int64_t at = 0;                                                                                     \
         for (int64_t d = 0; d < s->nL; d++) at += rd[2 + d] * coords[d];                                   \
         rbase[r] = at;                                                                                      \
@@ -301,14 +371,18 @@ static int empty_##SUFFIX(const Step *s) {                                      
                                                                                                             \
 /* steps without K (one instance per item: CTC's, a chain's unary terms), a row of items at a time    \
  * along the last L coordinate (no per-item bookkeeping) */                                          \
-static inline __attribute__((always_inline)) void row_terms_##SUFFIX(const Step *s, T *const *src,         \
+static inline __attribute__((always_inline)) void row_terms_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src,         \
                                                                      const int64_t *at, int64_t *coords,    \
                                                                      int64_t inner, T *out) {               \
     const int64_t last = s->nL - 1;                                                                         \
     if (s->R == 0) for (int64_t i = 0; i < inner; i++) out[i] = 0;                                         \
     for (int64_t r = 0; r < s->R; r++) {                                                                   \
+        if (indexed(s, s->rd[r])) {                                                                         \
+            EACH_LOCATED(s->rd[r], coords, last, inner, out[c + j] = r == 0 ? src[r][pos[j]] : out[c + j] + src[r][pos[j]]); \
+            continue;                                                                                       \
+        }                                                                                                   \
         const T *restrict x = src[r] + at[r];                                                               \
-        const int64_t st = s->reads[r * (2 + s->n) + 2 + last];                                            \
+        const int64_t st = s->rd[r][2 + last];                                            \
         if (r == 0 && st == 1) for (int64_t i = 0; i < inner; i++) out[i] = x[i];                          \
         else if (r == 0 && st == 0) { const T c = x[0]; for (int64_t i = 0; i < inner; i++) out[i] = c; }  \
         else if (r == 0) for (int64_t i = 0; i < inner; i++) out[i] = x[i * st];                           \
@@ -355,7 +429,7 @@ static inline __attribute__((always_inline)) int grad_row_##SUFFIX(const Step *s
     return any;                                                                                             \
 }                                                                                                           \
                                                                                                             \
-static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const Step *s, T *const *src,      \
+static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src,      \
                                                                         T *const *dst, int64_t *rbase,      \
                                                                         int64_t *hbase, T *t, int none) {   \
     int64_t coords[MAXDIM];                                                                                 \
@@ -364,13 +438,13 @@ static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const St
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
         if (none) for (int64_t i = 0; i < inner; i++) t[i] = -INFINITY;                                    \
-        else row_terms_##SUFFIX(s, src, rbase, coords, inner, t);                                           \
+        else row_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, t);                                           \
         for (int64_t k = inner; k % LANES_##SUFFIX; k++) t[k] = -INFINITY;                                 \
         write_row_##SUFFIX(s, dst, hbase, t, inner);                                                        \
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
-static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const Step *s, T *const *src,     \
+static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src,     \
                                                                          T *const *dst, T *const *gsrc,     \
                                                                          T *const *gdst, int64_t *rbase,    \
                                                                          int64_t *hbase, T *t) {            \
@@ -382,7 +456,7 @@ static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const S
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
         if (!grad_row_##SUFFIX(s, gdst, hbase, inner, g)) continue;                                         \
         if (s->shared) { /* the weights exp(term - item), where several rules write the items */           \
-            row_terms_##SUFFIX(s, src, rbase, coords, inner, t);                                            \
+            row_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, t);                                            \
             const T *restrict y = dst[0] + hbase[0];                                                        \
             const int64_t hs = s->heads[2 + last];                                                          \
             for (int64_t i = 0; i < inner; i++) {                                                          \
@@ -396,8 +470,12 @@ static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const S
             for (int64_t i = 0; i < inner; i++) g[i] = g[i] == 0 ? 0 : t[i] * g[i];                       \
         }                                                                                                   \
         for (int64_t r = 0; r < s->R; r++) {                                                               \
+            if (indexed(s, s->rd[r])) {                                                                     \
+                EACH_LOCATED(s->rd[r], coords, last, inner, gsrc[r][pos[j]] += g[c + j]);                   \
+                continue;                                                                                   \
+            }                                                                                               \
             T *restrict gx = gsrc[r] + rbase[r];                                                            \
-            const int64_t st = s->reads[r * (2 + s->n) + 2 + last];                                        \
+            const int64_t st = s->rd[r][2 + last];                                        \
             if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += g[i];                                \
             else for (int64_t i = 0; i < inner; i++) gx[i * st] += g[i];                                   \
         }                                                                                                   \
@@ -406,7 +484,7 @@ static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const S
                                                                                                             \
 /* steps with K, a row of items at a time along the last L coordinate: the terms of instance k of   \
  * item i at t[k * pitch + i] (-inf where masked and past the row), every K instance in order */         \
-static inline __attribute__((always_inline)) void rowk_terms_##SUFFIX(const Step *s, T *const *src,        \
+static inline __attribute__((always_inline)) void rowk_terms_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src,        \
                                                                       const int64_t *rbase, int64_t *coords, \
                                                                       int64_t inner, int64_t pitch, T *t) { \
     int64_t at[MAXREADS];                                                                                   \
@@ -414,18 +492,18 @@ static inline __attribute__((always_inline)) void rowk_terms_##SUFFIX(const Step
     int64_t k = 0;                                                                                          \
     do {                                                                                                    \
         for (int64_t r = 0; r < s->R; r++) {                                                               \
-            const int64_t *rd = s->reads + r * (2 + s->n);                                                 \
+            const int64_t *rd = s->rd[r];                                                 \
             at[r] = rbase[r];                                                                               \
             for (int64_t d = s->nL; d < s->n; d++) at[r] += rd[2 + d] * coords[d];                         \
         }                                                                                                   \
         T *restrict out = t + k * pitch;                                                                    \
-        row_terms_##SUFFIX(s, src, at, coords, inner, out);                                                 \
+        row_terms_##SUFFIX(s, table, b, src, at, coords, inner, out);                                                 \
         for (int64_t i = inner; i < pitch; i++) out[i] = -INFINITY;                                        \
         k++;                                                                                                \
     } while (next(coords, s->sizes, s->nL, s->n));                                                          \
 }                                                                                                           \
                                                                                                             \
-static inline __attribute__((always_inline)) void forward_rowk_##SUFFIX(const Step *s, T *const *src,      \
+static inline __attribute__((always_inline)) void forward_rowk_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src,      \
                                                                         T *const *dst, int64_t *rbase,      \
                                                                         int64_t *hbase, T *t) {             \
     int64_t coords[MAXDIM];                                                                                 \
@@ -434,7 +512,7 @@ static inline __attribute__((always_inline)) void forward_rowk_##SUFFIX(const St
     memset(coords, 0, sizeof coords);                                                                       \
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
-        rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                        \
+        rowk_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, pitch, t);                                        \
         for (int64_t c = 0; c < pitch; c += LANES_##SUFFIX) {                                               \
             V m = load_##SUFFIX(t + c);                                                                     \
             for (int64_t k = 1; k < K; k++) {                                                               \
@@ -454,7 +532,7 @@ static inline __attribute__((always_inline)) void forward_rowk_##SUFFIX(const St
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
-static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const Step *s, T *const *src,     \
+static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src,     \
                                                                          T *const *dst, T *const *gsrc,     \
                                                                          T *const *gdst, int64_t *rbase,    \
                                                                          int64_t *hbase, T *t) {            \
@@ -466,7 +544,7 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
         for (int64_t i = inner; i < pitch; i++) g[i] = 0;                                                  \
         if (!grad_row_##SUFFIX(s, gdst, hbase, inner, g)) continue;                                         \
-        rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                        \
+        rowk_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, pitch, t);                                        \
         const T *restrict y = dst[0] + hbase[0];                                                            \
         const int64_t hs = s->heads[2 + last];                                                              \
         for (int64_t i = 0; i < pitch; i++) {                                                              \
@@ -486,7 +564,11 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
         do {                                                                                                \
             const T *restrict w = t + k * pitch;                                                            \
             for (int64_t r = 0; r < s->R; r++) {                                                           \
-                const int64_t *rd = s->reads + r * (2 + s->n);                                             \
+                const int64_t *rd = s->rd[r];                                             \
+                if (indexed(s, rd)) {                                                                       \
+                    EACH_LOCATED(rd, coords, last, inner, gsrc[r][pos[j]] += w[c + j]);                     \
+                    continue;                                                                               \
+                }                                                                                           \
                 int64_t at = rbase[r];                                                                      \
                 for (int64_t d = s->nL; d < s->n; d++) at += rd[2 + d] * coords[d];                        \
                 T *restrict gx = gsrc[r] + at;                                                              \
@@ -508,11 +590,11 @@ VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const 
     for (int64_t b = 0; b < B; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         if (way == 1 || (way == 2 && !s->K)) { /* (an empty K: the rows of -inf the row path writes) */    \
-            forward_rows_##SUFFIX(s, src, dst, rbase, hbase, t, !s->K);                                     \
+            forward_rows_##SUFFIX(s, table, b, src, dst, rbase, hbase, t, !s->K);                                     \
             continue;                                                                                       \
         }                                                                                                   \
         if (way == 2) {                                                                                     \
-            forward_rowk_##SUFFIX(s, src, dst, rbase, hbase, t);                                            \
+            forward_rowk_##SUFFIX(s, table, b, src, dst, rbase, hbase, t);                                            \
             continue;                                                                                       \
         }                                                                                                   \
         memset(coords, 0, sizeof coords);                                                                   \
@@ -520,7 +602,7 @@ VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const 
             item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
             T v = -INFINITY; /* (an empty K: no instance) */                                                \
             if (s->K) {                                                                                     \
-                terms_##SUFFIX(s, src, rbase, coords, t);                                                   \
+                terms_##SUFFIX(s, table, b, src, rbase, coords, t);                                                   \
                 v = s->n == s->nL ? t[0] : logsumexp_##SUFFIX(t, s->K);                                     \
             }                                                                                               \
             for (int64_t h = 0; h < s->H; h++) {                                                           \
@@ -542,11 +624,11 @@ VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
         if (way == 1) {                                                                                     \
-            backward_rows_##SUFFIX(s, src, dst, gsrc, gdst, rbase, hbase, t);                               \
+            backward_rows_##SUFFIX(s, table, b, src, dst, gsrc, gdst, rbase, hbase, t);                               \
             continue;                                                                                       \
         }                                                                                                   \
         if (way == 2) {                                                                                     \
-            if (s->K) backward_rowk_##SUFFIX(s, src, dst, gsrc, gdst, rbase, hbase, t);                     \
+            if (s->K) backward_rowk_##SUFFIX(s, table, b, src, dst, gsrc, gdst, rbase, hbase, t);                     \
             continue;                                                                                       \
         }                                                                                                   \
         memset(coords, 0, sizeof coords);                                                                   \
@@ -558,7 +640,7 @@ VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const
             if (pass) {                                                                                     \
                 t[0] = g;                                                                                   \
             } else {                                                                                        \
-                terms_##SUFFIX(s, src, rbase, coords, t);                                                   \
+                terms_##SUFFIX(s, table, b, src, rbase, coords, t);                                                   \
                 T item = dst[0][hbase[0]];                                                                  \
                 if (item < LOWEST) item = LOWEST;                                                           \
                 if (item > -LOWEST) item = -LOWEST;                                                         \
@@ -571,7 +653,11 @@ VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const
             do {                                                                                            \
                 const T *restrict w = t + k;                                                                \
                 for (int64_t r = 0; r < s->R; r++) {                                                       \
-                    const int64_t *rd = s->reads + r * (2 + s->n);                                         \
+                    const int64_t *rd = s->rd[r];                                         \
+                    if (indexed(s, rd)) {                                                                       \
+                        EACH_LOCATED(rd, coords, last, inner, gsrc[r][pos[j]] += w[c + j]);                 \
+                        continue;                                                                           \
+                    }                                                                                       \
                     int64_t at = rbase[r];                                                                  \
                     for (int64_t d = s->nL; d < last; d++) at += rd[2 + d] * coords[d];                   \
                     T *restrict gx = gsrc[r] + at;                                                          \
@@ -628,7 +714,7 @@ static inline __attribute__((always_inline)) void row_best_##SUFFIX(const T *t, 
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-static inline __attribute__((always_inline)) void max_forward_rowk_##SUFFIX(const Step *s, T *const *src, T *const *dst, int64_t *rbase,          \
+static inline __attribute__((always_inline)) void max_forward_rowk_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src, T *const *dst, int64_t *rbase,          \
                                       int64_t *hbase, T *t) {                                               \
     int64_t coords[MAXDIM];                                                                                 \
     const int64_t last = s->nL - 1, inner = s->sizes[last], pitch = PITCH(inner), K = s->K;                \
@@ -637,7 +723,7 @@ static inline __attribute__((always_inline)) void max_forward_rowk_##SUFFIX(cons
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
         if (K) {                                                                                            \
-            rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                    \
+            rowk_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, pitch, t);                                    \
             row_best_##SUFFIX(t, K, pitch, v, NULL);                                                        \
         } else {                                                                                            \
             for (int64_t i = 0; i < inner; i++) v[i] = -INFINITY;                                          \
@@ -653,7 +739,7 @@ static inline __attribute__((always_inline)) void max_forward_rowk_##SUFFIX(cons
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
-static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(const Step *s, T *const *src, T *const *dst, T *const *gsrc,        \
+static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src, T *const *dst, T *const *gsrc,        \
                                        T *const *gdst, int64_t *rbase, int64_t *hbase, T *t) {              \
     int64_t coords[MAXDIM];                                                                                 \
     const int64_t last = s->nL - 1, inner = s->sizes[last], pitch = PITCH(inner), K = s->K;                \
@@ -663,7 +749,7 @@ static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(con
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
         if (!grad_row_##SUFFIX(s, gdst, hbase, inner, g)) continue;                                         \
-        rowk_terms_##SUFFIX(s, src, rbase, coords, inner, pitch, t);                                        \
+        rowk_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, pitch, t);                                        \
         row_best_##SUFFIX(t, K, pitch, best, kb);                                                           \
         int64_t kcoords[MAXDIM];                                                                            \
         for (int64_t i = 0; i < inner; i++) {                                                              \
@@ -676,11 +762,12 @@ static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(con
             memcpy(&lane, kb + i / LANES_##SUFFIX * LANES_##SUFFIX, sizeof lane);                          \
             int64_t k = lane[i % LANES_##SUFFIX];                                                           \
             for (int64_t d = s->n - 1; d >= s->nL; d--) { kcoords[d] = k % s->sizes[d]; k /= s->sizes[d]; } \
+            for (int64_t d = 0; d < s->nL; d++) kcoords[d] = d == last ? i : coords[d];                    \
             for (int64_t r = 0; r < s->R; r++) {                                                           \
-                const int64_t *rd = s->reads + r * (2 + s->n);                                             \
+                const int64_t *rd = s->rd[r];                                             \
                 int64_t at = rbase[r] + i * rd[2 + last];                                                   \
                 for (int64_t d = s->nL; d < s->n; d++) at += rd[2 + d] * kcoords[d];                       \
-                gsrc[r][at] += g[i];                                                                        \
+                gsrc[r][indexed(s, rd) ? located(s, rd, table, b, kcoords) : at] += g[i];           \
             }                                                                                               \
         }                                                                                                   \
     } while (next(coords, s->sizes, 0, last));                                                              \
@@ -693,7 +780,7 @@ VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t B, co
     for (int64_t b = 0; b < B; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         if (path(s, 1)) {                                                                                   \
-            max_forward_rowk_##SUFFIX(s, src, dst, rbase, hbase, t);                                        \
+            max_forward_rowk_##SUFFIX(s, table, b, src, dst, rbase, hbase, t);                                        \
             continue;                                                                                       \
         }                                                                                                   \
         memset(coords, 0, sizeof coords);                                                                   \
@@ -701,7 +788,7 @@ VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t B, co
             item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
             T v = -INFINITY;                                                                                \
             if (s->K) {                                                                                     \
-                terms_##SUFFIX(s, src, rbase, coords, t);                                                   \
+                terms_##SUFFIX(s, table, b, src, rbase, coords, t);                                                   \
                 best_##SUFFIX(t, s->K, &v);                                                                 \
             }                                                                                               \
             for (int64_t h = 0; h < s->H; h++) {                                                           \
@@ -722,7 +809,7 @@ VECTOR_CLONES static void max_backward_step_##SUFFIX(const Step *s, int64_t B, c
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
         if (path(s, 1)) {                                                                                   \
-            max_backward_rowk_##SUFFIX(s, src, dst, gsrc, gdst, rbase, hbase, t);                           \
+            max_backward_rowk_##SUFFIX(s, table, b, src, dst, gsrc, gdst, rbase, hbase, t);                           \
             continue;                                                                                       \
         }                                                                                                   \
         memset(coords, 0, sizeof coords);                                                                   \
@@ -731,7 +818,7 @@ VECTOR_CLONES static void max_backward_step_##SUFFIX(const Step *s, int64_t B, c
             T g = 0;                                                                                        \
             for (int64_t h = 0; h < s->H; h++) g += gdst[h][hbase[h]];                                     \
             if (g == 0 || s->K == 0) continue;                                                              \
-            terms_##SUFFIX(s, src, rbase, coords, t);                                                       \
+            terms_##SUFFIX(s, table, b, src, rbase, coords, t);                                                       \
             T best;                                                                                         \
             int64_t kb = best_##SUFFIX(t, s->K, &best);                                                     \
             if (s->shared) {                                                                                \
@@ -740,10 +827,10 @@ VECTOR_CLONES static void max_backward_step_##SUFFIX(const Step *s, int64_t B, c
             }                                                                                               \
             for (int64_t d = s->n - 1; d >= s->nL; d--) { coords[d] = kb % s->sizes[d]; kb /= s->sizes[d]; } \
             for (int64_t r = 0; r < s->R; r++) {                                                           \
-                const int64_t *rd = s->reads + r * (2 + s->n);                                             \
+                const int64_t *rd = s->rd[r];                                             \
                 int64_t at = rbase[r];                                                                      \
                 for (int64_t d = s->nL; d < s->n; d++) at += rd[2 + d] * coords[d];                        \
-                gsrc[r][at] += g;                                                                           \
+                gsrc[r][indexed(s, rd) ? located(s, rd, table, b, coords) : at] += g;                   \
             }                                                                                               \
             for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                          \
         } while (next(coords, s->sizes, 0, s->nL));                                                         \
@@ -763,9 +850,8 @@ static int64_t scan_level(const int64_t *p, Py_ssize_t len, int max, int64_t *ro
     *room = 16; *maxRH = 1;
     for (int64_t i = 0; i < count; i++) {
         Step s;
-        if (end - p < 7) return -1;
-        p = parse(p, &s);
-        if (p > end || !check(&s)) return -1;
+        p = parse(p, end, &s);
+        if (!p || p > end || !check(&s)) return -1;
         if (need(&s, max) > *room) *room = need(&s, max);
         if (s.R > *maxRH) *maxRH = s.R;
         if (s.H > *maxRH) *maxRH = s.H;
@@ -784,8 +870,8 @@ static PyObject *run(PyObject *args, int backward) {
     }
     PyObject *result = NULL;
     int64_t room, maxRH;
-    const int64_t *p = (const int64_t *)level.buf;
-    int64_t count = scan_level(p, level.len / (Py_ssize_t)sizeof(int64_t), max, &room, &maxRH);
+    const int64_t *p = (const int64_t *)level.buf, *end = p + level.len / (Py_ssize_t)sizeof(int64_t);
+    int64_t count = scan_level(p, end - p, max, &room, &maxRH);
     size_t item = is_double ? sizeof(double) : sizeof(float);
     void *t = NULL, **ptrs = NULL;
     int64_t *offs = NULL;
@@ -805,7 +891,7 @@ static PyObject *run(PyObject *args, int backward) {
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < count; i++) {
         Step s;
-        p = parse(p, &s);
+        p = parse(p, end, &s); /* (scan_level checked every step) */
         if (is_double) {
             double **q = (double **)ptrs;
             if (max && backward) max_backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);

@@ -183,9 +183,9 @@ class Run:
         return kernel.bind(self.plan, levels, _backward_order, self.semiring, buf, self.batch)
 
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
-        """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``)."""
-        return {name: x.reshape(*x.shape[: (0 if name in self.plan.looked_up else self.lead) + 1], -1).contiguous()
-                for name, x in zip(self.names, elements)}
+        """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``, int64)."""
+        return {name: x.reshape(x.shape[0], -1).long().contiguous() if name in self.plan.looked_up
+                else x.reshape(*x.shape[: self.lead + 1], -1).contiguous() for name, x in zip(self.names, elements)}
 
     def read(self, buf: dict[str, Tensor], v: View) -> Tensor:
         """A term's view (with positions looked up from data where it has them): ``[*, B, *v.sizes]``."""

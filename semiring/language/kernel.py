@@ -5,10 +5,11 @@ size; at the sizes of sentences most steps hold a few thousand numbers, so most 
 dispatch. Here each level of :attr:`~.plan.Plan.fused` is packed once per plan into an int64
 descriptor (its steps' boxes, the strides and offsets of their views, their masks; the format is
 :mod:`.pack`'s and at the top of ``_kernel.c``) and run by one C call, forward and backward (which recomputes the
-weights ``exp(terms - item)`` instead of keeping them). A level with a view the kernel does not
-take (a clamped gather, positions looked up from data) runs as torch calls, as does every run off
-the CPU (on a GPU, :mod:`.triton_levels` runs the same descriptors), on forward-mode dual tensors,
-in another semiring, or where the optional extension was not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
+weights ``exp(terms - item)`` instead of keeping them); views that gather (clamped positions) or
+look positions up from data run there too. A level with more than 16 coordinates or 32 terms per
+rule runs as torch calls, as does every run off the CPU (on a GPU, :mod:`.triton_levels` runs the
+same descriptors), on forward-mode dual tensors, in another semiring, or where the optional
+extension was not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
 kernel applies, a chain with a matrix per level runs in it level by level rather than as a fused
 scan (3.5 vs 21 ms for chain marginals at B=4, N=256, C=16); a scan of one matrix for every level
 stays a scan (:meth:`~.execute.Run.scans`).
@@ -95,7 +96,8 @@ def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semirin
     levels_ = packed(plan, levels, backward_order)
     for key in levels_.keys:
         t = buf[key]
-        if t.dtype != like.dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
+        dtype = torch.int64 if key in levels_.indices else like.dtype
+        if t.dtype != dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
             return None
     return Bound(levels_, buf, batch, like.dtype == torch.float64, type(semiring) is MaxSemiring)
 

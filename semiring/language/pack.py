@@ -2,18 +2,14 @@
 ``_kernel.c`` on the CPU, the Triton kernels of :mod:`.triton_levels` on a GPU).
 
 A level's descriptor is the number of its steps, then per step
-``n, nL, R, H, M, accumulate, shared, sizes[n]``, ``R x (src, offset, strides[n])``,
-``H x (src, offset, strides[nL])``, ``M x (op (0: >=, 1: !=), const, coeffs[n])``: a box of ``n``
-coordinates, the first ``nL`` its items', the rest summed; ``src`` names a buffer by its index in
-:attr:`Packed.keys`. The C kernel takes that form only: a step whose views gather (clamped
-positions) or look positions up from data is not packed for it, and its level runs as torch calls.
-
-The Triton kernels take the *indexed* form (``Packed(..., indexed=True)``), where each read is
-``src, offset, strides[n], bound, nlookups`` then ``nlookups x (src, stride, offset, bound,
-strides[n])``: the position is ``offset + Σ strides * coords + Σ stride_l * index_l``, where
-``index_l`` is read from an integer input at ``offset_l + Σ strides_l * coords`` (clamped into
-``0..bound_l - 1`` where ``bound_l`` > 0), the whole clamped into ``0..bound - 1`` where ``bound`` > 0
-(a gather): the views of :meth:`~.execute.Run.read`, so that CTC's and alignment's levels run there too.
+``n, nL, R, H, M, accumulate, shared, sizes[n]``, ``R x (src, offset, strides[n], bound, L, L x
+(src, stride, offset, bound, strides[n]))``, ``H x (src, offset, strides[nL])``, ``M x (op (0: >=,
+1: !=), const, coeffs[n])``: a box of ``n`` coordinates, the first ``nL`` its items', the rest
+summed; ``src`` names a buffer by its index in :attr:`Packed.keys`. A read's position is ``offset +
+Σ strides * coords + Σ stride_l * index_l``, where ``index_l`` is read from an integer input at
+``offset_l + Σ strides_l * coords`` (clamped into ``0..bound_l - 1`` where ``bound_l`` > 0), the whole
+clamped into ``0..bound - 1`` where ``bound`` > 0 (a gather): the views of
+:meth:`~.execute.Run.read`, so that CTC's and alignment's levels run in the kernels too.
 """
 
 from __future__ import annotations
@@ -32,7 +28,7 @@ class Packed:
     runs as torch calls), ``keys`` the buffers they read and write (a descriptor names them by
     their index here), ``indices`` those of them that hold looked-up indices (int64)."""
 
-    def __init__(self, levels: list[list[Step]], backward_order, indexed: bool = False):
+    def __init__(self, levels: list[list[Step]], backward_order):
         self.keys: list[str] = []
         self.uploaded = None  # (device, the descriptors there): :mod:`.triton_levels`
         self.indices: set[str] = set()  # the keys of integer inputs positions are looked up in
@@ -51,7 +47,7 @@ class Packed:
         self.work: list[int] = []  # per level: its instances per example (the product of every step's box)
         self.items: list[tuple[list[int], list[int]]] = []  # per level: its steps' items, forward and backward order
         for steps in levels:
-            packed = [_pack(step, key, indexed) for step in steps]
+            packed = [_pack(step, key) for step in steps]
             backward = [s for group in backward_order(steps) for s in group]
             self.work.append(sum(math.prod(s.sizes) for s in steps))
             self.items.append(([math.prod(s.L) for s in steps], [math.prod(s.L) for s in backward]))
@@ -64,21 +60,18 @@ class Packed:
             self.backward.append(_level([by_step[id(s)] for s in backward]))
 
 
-def packed(plan: Plan, levels: list[list[Step]], backward_order, indexed: bool = False) -> Packed:
-    """The plan's :class:`Packed` levels (``levels``: the fused levels, the goal's last), once per
-    plan and form (``indexed``: the Triton kernels')."""
-    if indexed not in plan.packed:
-        plan.packed[indexed] = Packed(levels, backward_order, indexed)
-    return plan.packed[indexed]
+def packed(plan: Plan, levels: list[list[Step]], backward_order) -> Packed:
+    """The plan's :class:`Packed` levels (``levels``: the fused levels, the goal's last), once per plan."""
+    if plan.packed is None:
+        plan.packed = Packed(levels, backward_order)
+    return plan.packed
 
 
-def _pack(step: Step, key, indexed: bool) -> list[int] | None:
-    """One step's part of a level descriptor, or None where the kernel cannot run it."""
+def _pack(step: Step, key) -> list[int] | None:
+    """One step's part of a level descriptor, or None where the kernels cannot run it."""
     reads = [v for v in step.reads if v is not None]
     n, nL = len(step.sizes), step.form.n_free
     if n > MAX_DIMS or len(reads) > MAX_READS or any(v.gather or v.lookups for v in step.heads):
-        return None
-    if not indexed and any(v.gather or v.lookups for v in reads):
         return None
 
     def strides(v) -> list[int]:  # (outer terms vary with the L coordinates only: stride 0 over K)
@@ -86,10 +79,8 @@ def _pack(step: Step, key, indexed: bool) -> list[int] | None:
 
     out = [n, nL, len(reads), len(step.heads), len(step.masks), int(step.accumulate), int(step.shared), *step.sizes]
     for v in reads:
-        out += [key(v.source), v.offset, *strides(v)]
-        if indexed:
-            out += [v.bound if v.gather or v.lookups else 0, len(v.lookups)]
-        for stride, lv in v.lookups if indexed else ():
+        out += [key(v.source), v.offset, *strides(v), v.bound if v.gather or v.lookups else 0, len(v.lookups)]
+        for stride, lv in v.lookups:
             out += [key(lv.source, indices=True), stride, lv.offset, lv.bound if lv.gather else 0, *strides(lv)]
     for v in step.heads:
         out += [key(v.source), v.offset, *v.strides]

@@ -195,7 +195,7 @@ class Plan:
     fused: list[list[Step]] = field(default_factory=list)  # the levels with sibling steps fused (:mod:`.fuse`)
     arena: dict[str, int] = field(default_factory=dict)  # chart buffer key -> its first position in the arena
     arena_size: int = 0
-    packed: dict = field(default_factory=dict)  # the fused levels as kernel descriptors, per form (:mod:`.pack`)
+    packed: object = None  # the fused levels as kernel descriptors (:mod:`.pack`)
     keepable: set[int] | None = None  # the fused steps whose Log weights a run keeps (:meth:`~.execute.Run.keepable`)
 
 

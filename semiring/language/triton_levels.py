@@ -168,7 +168,7 @@ def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semirin
     :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer is not on
     the charts' device in their float dtype (int64 for looked-up indices)."""
     like = buf[GOAL]
-    levels_ = packed(plan, levels, backward_order, indexed=True)
+    levels_ = packed(plan, levels, backward_order)
     for key in levels_.keys:
         t = buf[key]
         dtype = torch.int64 if key in levels_.indices else like.dtype
