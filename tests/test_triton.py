@@ -171,8 +171,8 @@ def test_every_level_of_a_run_is_one_launch(name, monkeypatch):
     assert seen == [("forward", 0, levels, -1), ("backward", 0, levels, -1)]
 
 
-@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
-@pytest.mark.parametrize("name", ["projective single-root", "pcfg", "ctc (lookup)"])
+@pytest.mark.parametrize("name, semiring", [("projective single-root", sr.Log), ("projective single-root", sr.Max),
+                                             ("pcfg", sr.Max), ("ctc (lookup)", sr.Log)], ids=str)
 def test_levels_split_over_programs_give_the_same(name, semiring, monkeypatch):
     """With every level a stretch of its own, a step per launch, its items spread over programs (as
     large levels run): the torch calls' values and gradients, several rules writing one item included."""
