@@ -59,7 +59,7 @@ class Bound:
 
     def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, double: bool, max: bool):
         self.levels, self.batch, self.double, self.max = levels, batch, double, max
-        self.table = _table(buf, levels.keys)
+        self.table = levels.table(buf)
         self.grads: np.ndarray | None = None
 
     def forward(self, lev: int) -> bool:
@@ -74,7 +74,7 @@ class Bound:
         if d is None:
             return False
         if self.grads is None:
-            self.grads = _table(grads, self.levels.keys)
+            self.grads = self.levels.table(grads)
         _kernel.backward(self.max, self.double, self.batch, self.table, self.grads, d)
         return True
 
@@ -91,23 +91,9 @@ def applies(semiring: Semiring, inputs) -> bool:
 def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semiring, buf: dict[str, Tensor],
          batch: int) -> Bound | None:
     """The kernel for a run in place on ``buf`` (``[B or 1, positions]`` per key; a run that
-    :func:`applies`), or None where a buffer is not in the float dtype of the charts'."""
+    :func:`applies`), or None where a buffer does not fit (:meth:`.pack.Packed.fits`)."""
     like = buf[GOAL]
     levels_ = packed(plan, levels, backward_order)
-    for key in levels_.keys:
-        t = buf[key]
-        dtype = torch.int64 if key in levels_.indices else like.dtype
-        if t.dtype != dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-            return None
+    if not levels_.fits(buf):
+        return None
     return Bound(levels_, buf, batch, like.dtype == torch.float64, type(semiring) is MaxSemiring)
-
-
-def _table(buf, keys: list[str]) -> np.ndarray:
-    """Per key: (address, batch stride) of its buffer ``[B or 1, positions]`` (0: shared by the batch)."""
-    out = np.empty((len(keys), 2), dtype=np.int64)
-    for i, k in enumerate(keys):
-        t = buf[k]
-        out[i] = t.data_ptr(), (t.stride(0) if t.shape[0] > 1 else 0)
-    return out
-
-

@@ -17,8 +17,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
+from torch import Tensor
 
 from .plan import Plan, Step
+from .syntax import GOAL
 
 MAX_DIMS, MAX_READS = 16, 32  # coordinates and terms of a step (_kernel.c's MAXDIM, MAXREADS)
 
@@ -58,6 +61,26 @@ class Packed:
             by_step = {id(s): p for s, p in zip(steps, packed)}
             self.forward.append(_level(packed))
             self.backward.append(_level([by_step[id(s)] for s in backward]))
+
+
+    def fits(self, buf: dict[str, Tensor]) -> bool:
+        """Whether every buffer the descriptors name is ``[B or 1, positions]``, unit stride, on the
+        charts' device, in their float dtype (int64 for looked-up indices)."""
+        like = buf[GOAL]
+        for key in self.keys:
+            t = buf[key]
+            dtype = torch.int64 if key in self.indices else like.dtype
+            if t.dtype != dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
+                return False
+        return True
+
+    def table(self, buf: dict[str, Tensor]) -> np.ndarray:
+        """Per key: (address, batch stride) of its buffer ``[B or 1, positions]`` (0: shared by the batch)."""
+        out = np.empty((len(self.keys), 2), dtype=np.int64)
+        for i, k in enumerate(self.keys):
+            t = buf[k]
+            out[i] = t.data_ptr(), (t.stride(0) if t.shape[0] > 1 else 0)
+        return out
 
 
 def packed(plan: Plan, levels: list[list[Step]], backward_order) -> Packed:

@@ -118,7 +118,7 @@ class Bound:
         if levels.uploaded is None or levels.uploaded[0] != like.device:
             levels.uploaded = (like.device, _Uploaded(levels, like.device))
         self.descs = levels.uploaded[1]
-        self.table = _table(buf, levels.keys, like.device)
+        self.table = _on(levels.table(buf), like.device)
         runs = [d is not None and lev not in skip for lev, d in enumerate(levels.forward)]
         self.split = {lev for lev, work in enumerate(levels.work) if runs[lev] and work > SPLIT}
         self.stretch: dict[int, tuple[int, int]] = {}  # level -> (first, last + 1) of its stretch
@@ -156,7 +156,7 @@ class Bound:
         first, last = self.stretch[lev]
         if lev == last - 1:
             if self.grads is None:
-                self.grads = _table(grads, self.levels.keys, self.table.device)
+                self.grads = _on(self.levels.table(grads), self.table.device)
             self._launch(_kernels().backward, lev, first, last, self.levels.items[lev][1], *self.descs.backward, self.table,
                          self.grads)
         return True
@@ -167,13 +167,9 @@ def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semirin
     """These kernels for a run in place on ``buf`` (``[B or 1, positions]`` per key; a run that
     :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer is not on
     the charts' device in their float dtype (int64 for looked-up indices)."""
-    like = buf[GOAL]
     levels_ = packed(plan, levels, backward_order)
-    for key in levels_.keys:
-        t = buf[key]
-        dtype = torch.int64 if key in levels_.indices else like.dtype
-        if t.dtype != dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
-            return None
+    if not levels_.fits(buf):
+        return None
     return Bound(levels_, buf, batch, type(semiring) is MaxSemiring, skip)
 
 
@@ -191,10 +187,6 @@ def _kernels():
     return _triton_kernels
 
 
-def _table(buf: dict[str, Tensor], keys: list[str], device: torch.device) -> Tensor:
-    """Per key: (address, batch stride) of its buffer ``[B or 1, positions]`` (0: shared by the batch), on the device."""
-    out = np.empty((len(keys), 2), dtype=np.int64)
-    for i, k in enumerate(keys):
-        t = buf[k]
-        out[i] = t.data_ptr(), (t.stride(0) if t.shape[0] > 1 else 0)
-    return torch.from_numpy(out).to(device, non_blocking=True)
+def _on(table: np.ndarray, device: torch.device) -> Tensor:
+    """A buffer table (:meth:`.pack.Packed.table`) on the device."""
+    return torch.from_numpy(table).to(device, non_blocking=True)
