@@ -78,37 +78,40 @@ def _to(inputs: dict, device) -> dict:
     return {k: v.to(device) for k, v in inputs.items()}
 
 
+def on_device(name: str, dtype: torch.dtype = torch.float64):
+    """(text, inputs, lengths) of a program of test_reference (:func:`test_kernel.run`) on DEVICE."""
+    text, inputs, lengths = run(name, dtype)
+    lengths = None if lengths is None else _to(lengths, DEVICE) if isinstance(lengths, dict) else lengths.to(DEVICE)
+    return text, _to(inputs, DEVICE), lengths
+
+
+def compare(name: str, semiring, monkeypatch, dtype: torch.dtype = torch.float64) -> list:
+    """A program's value and gradients through the Triton kernels equal the torch calls'; returns the launches."""
+    text, inputs, lengths = on_device(name, dtype)
+    seen = launches(monkeypatch)
+    with on_triton():
+        value, grads = value_and_gradients(text, inputs, lengths, semiring)
+    with on_torch():
+        value_torch, grads_torch = value_and_gradients(text, inputs, lengths, semiring)
+    tolerance = {} if dtype is torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    assert_close(value, value_torch, **tolerance)
+    for g, gt in zip(grads, grads_torch):
+        assert_close(g, gt, **tolerance)
+    return seen
+
+
 @pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_every_program_equals_the_torch_calls(name, semiring, monkeypatch):
     """Log: values and gradients; Max: values and the gradient (the best structure, ties to the
     first rule and the first instance, as the torch calls break them), float64."""
-    text, inputs, lengths = run(name, torch.float64)
-    inputs = _to(inputs, DEVICE)
-    lengths = None if lengths is None else _to(lengths, DEVICE) if isinstance(lengths, dict) else lengths.to(DEVICE)
-    seen = launches(monkeypatch)
-    with on_triton():
-        value, grads = value_and_gradients(text, inputs, lengths, semiring)
+    seen = compare(name, semiring, monkeypatch)
     assert {kind for kind, *_ in seen} == {"forward", "backward"}, "the kernels ran"
-    with on_torch():
-        value_torch, grads_torch = value_and_gradients(text, inputs, lengths, semiring)
-    assert_close(value, value_torch)
-    for g, gt in zip(grads, grads_torch):
-        assert_close(g, gt)
 
 
 @pytest.mark.parametrize("name", ["projective multi-root", "cky", "semimarkov"])
-def test_float32_equals_the_torch_calls(name):
-    text, inputs, lengths = run(name, torch.float32)
-    inputs = _to(inputs, DEVICE)
-    lengths = None if lengths is None else lengths.to(DEVICE)
-    with on_triton():
-        value, grads = value_and_gradients(text, inputs, lengths)
-    with on_torch():
-        value_torch, grads_torch = value_and_gradients(text, inputs, lengths)
-    assert_close(value, value_torch, rtol=1e-5, atol=1e-5)
-    for g, gt in zip(grads, grads_torch):
-        assert_close(g, gt, rtol=1e-5, atol=1e-5)
+def test_float32_equals_the_torch_calls(name, monkeypatch):
+    compare(name, sr.Log, monkeypatch, torch.float32)
 
 
 PROGRAM_STRUCTURES = {name: build for name, build in BUILDERS.items() if name not in ("nonprojective", "nonprojective-single-root")}
@@ -158,9 +161,8 @@ def test_extreme_entries_give_what_the_torch_calls_give(semiring):
 def test_every_level_of_a_run_is_one_launch(name, monkeypatch):
     """Every level of Eisner's, CKY's, CTC's and alignment's programs is packed, lookups from data
     included: a value and its gradient are one launch each."""
-    text, inputs, lengths = run(name, torch.float64)
-    inputs = {k: v.to(DEVICE).requires_grad_() if v.dtype.is_floating_point else v.to(DEVICE) for k, v in inputs.items()}
-    lengths = None if lengths is None else _to(lengths, DEVICE) if isinstance(lengths, dict) else lengths.to(DEVICE)
+    text, inputs, lengths = on_device(name)
+    inputs = {k: v.requires_grad_() if v.dtype.is_floating_point else v for k, v in inputs.items()}
     program = sr.program(text)
     seen = launches(monkeypatch)
     with on_triton():
@@ -178,18 +180,8 @@ def test_levels_split_over_programs_give_the_same(name, semiring, monkeypatch):
     large levels run): the torch calls' values and gradients, several rules writing one item included."""
     monkeypatch.setattr(triton_levels, "BI", 2)
     monkeypatch.setattr(triton_levels, "SPLIT", 0)
-    text, inputs, lengths = run(name, torch.float64)
-    inputs = _to(inputs, DEVICE)
-    lengths = None if lengths is None else _to(lengths, DEVICE) if isinstance(lengths, dict) else lengths.to(DEVICE)
-    seen = launches(monkeypatch)
-    with on_triton():
-        value, grads = value_and_gradients(text, inputs, lengths, semiring)
-    assert all(last == first + 1 and only >= 0 for _, first, last, only in seen)
-    with on_torch():
-        value_torch, grads_torch = value_and_gradients(text, inputs, lengths, semiring)
-    assert_close(value, value_torch)
-    for g, gt in zip(grads, grads_torch):
-        assert_close(g, gt)
+    seen = compare(name, semiring, monkeypatch)
+    assert seen and all(last == first + 1 and only >= 0 for _, first, last, only in seen)
 
 
 def test_the_kernels_apply_to_log_and_max_only():

@@ -17,15 +17,14 @@ stays a scan (:meth:`~.execute.Run.scans`).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator
+from typing import ContextManager
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from .pack import Packed, packed
+from .pack import Packed, Switch, packed
 from .plan import Plan, Step
 from .syntax import GOAL
 
@@ -34,23 +33,17 @@ try:  # built at install time where a C compiler is (setup.py)
 except ImportError:  # pragma: no cover - the torch path runs instead
     _kernel = None
 
-_enabled = True
+_enabled = Switch(True)
 
 
-@contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> ContextManager[None]:
     """Runs inside use the torch calls only (to compare the two paths)."""
-    global _enabled
-    was, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = was
+    return _enabled.to(False)
 
 
 def available() -> bool:
     """Whether the C kernel is built and enabled."""
-    return _kernel is not None and _enabled
+    return _kernel is not None and bool(_enabled)
 
 
 class Bound:

@@ -21,15 +21,14 @@ the first run). The backward's atomic adds make float32 gradients vary in their 
 from __future__ import annotations
 
 import importlib.util
-from contextlib import contextmanager
-from typing import Iterator
+from typing import ContextManager
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from .pack import Packed, packed
+from .pack import Packed, Switch, packed
 from .plan import Plan, Step
 from .syntax import GOAL
 
@@ -39,36 +38,24 @@ BI, BK = 32, 32  # a tile of a step's box: items by instances
 # tiles: at 16 tiles of BI x BK, about what a launch costs). Not yet tuned on a GPU.
 SPLIT, MAX_TILES = 16 * BI * BK, 1024
 _TRITON = importlib.util.find_spec("triton") is not None
-_enabled = True
-_interpreting = False
+_enabled = Switch(True)
+_interpreting = Switch(False)
 
 
-@contextmanager
-def disabled() -> Iterator[None]:
+def disabled() -> ContextManager[None]:
     """Runs inside use the torch calls, not the Triton kernels (to compare the two paths)."""
-    global _enabled
-    was, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = was
+    return _enabled.to(False)
 
 
-@contextmanager
-def interpreted() -> Iterator[None]:
+def interpreted() -> ContextManager[None]:
     """Runs inside on CPU tensors take the Triton kernels too, in Triton's interpreter (tests; the
     environment variable ``TRITON_INTERPRET=1`` must be set before the first run imports them)."""
-    global _interpreting
-    was, _interpreting = _interpreting, True
-    try:
-        yield
-    finally:
-        _interpreting = was
+    return _interpreting.to(True)
 
 
 def available() -> bool:
     """Whether Triton is installed and these kernels enabled."""
-    return _enabled and _TRITON
+    return bool(_enabled) and _TRITON
 
 
 def applies(semiring: Semiring, inputs) -> bool:
