@@ -90,6 +90,26 @@ class _Uploaded:
 
         self.forward = upload(levels.forward)
         self.backward = upload(levels.backward)
+        self.stretches: dict[tuple, tuple[set[int], dict[int, tuple[int, int]]]] = {}  # :func:`_stretches` per (skip, SPLIT)
+
+
+def _stretches(levels: Packed, skip: set[int]) -> tuple[set[int], dict[int, tuple[int, int]]]:
+    """The levels split over programs (more than ``SPLIT`` instances per example), and each level's
+    stretch ``(first, last + 1)``: the longest runs of packed, unskipped, unsplit levels (a split
+    level is a stretch of its own); levels the kernels do not run have none."""
+    runs = [d is not None and lev not in skip for lev, d in enumerate(levels.forward)]
+    split = {lev for lev, work in enumerate(levels.work) if runs[lev] and work > SPLIT}
+    stretch: dict[int, tuple[int, int]] = {}
+    lev = 0
+    while lev < len(runs):
+        end = lev + 1
+        while runs[lev] and lev not in split and end < len(runs) and runs[end] and end not in split:
+            end += 1
+        if runs[lev]:
+            for k in range(lev, end):
+                stretch[k] = (lev, end)
+        lev = end
+    return split, stretch
 
 
 class Bound:
@@ -106,18 +126,10 @@ class Bound:
             levels.uploaded = (like.device, _Uploaded(levels, like.device))
         self.descs = levels.uploaded[1]
         self.table = _on(levels.table(buf), like.device)
-        runs = [d is not None and lev not in skip for lev, d in enumerate(levels.forward)]
-        self.split = {lev for lev, work in enumerate(levels.work) if runs[lev] and work > SPLIT}
-        self.stretch: dict[int, tuple[int, int]] = {}  # level -> (first, last + 1) of its stretch
-        lev = 0
-        while lev < len(runs):
-            end = lev + 1
-            while runs[lev] and lev not in self.split and end < len(runs) and runs[end] and end not in self.split:
-                end += 1
-            if runs[lev]:
-                for k in range(lev, end):
-                    self.stretch[k] = (lev, end)
-            lev = end
+        key = frozenset(skip), SPLIT  # (once per plan, set of skipped levels and threshold)
+        if key not in self.descs.stretches:
+            self.descs.stretches[key] = _stretches(levels, skip)
+        self.split, self.stretch = self.descs.stretches[key]
         self.grads: Tensor | None = None
 
     def _launch(self, kernel, lev: int, first: int, last: int, items: list[int], *args) -> None:
