@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import Log, Semiring
+from . import closure
 from .autodiff import Tape
 from .execute import Run, native
 from .factor import eliminate, factor
@@ -53,10 +54,10 @@ class Program:
     def _compile(self, text: str) -> None:
         self.text = text
         self.syntax = parse(text)
-        rules = [self._with_length(r) for r in self.syntax.rules]
-        self.rules: list[Rule] = factor(eliminate(rules))
         self.inputs: list[str] = list(self.syntax.inputs)  # the potentials
         self.lookups: list[str] = list(self.syntax.lookups)  # integer inputs indices are read from
+        rules, self.syntax, self.closures = closure.find([self._with_length(r) for r in self.syntax.rules], self.syntax)
+        self.rules: list[Rule] = factor(eliminate(rules))
         levels = find_levels(self.rules, self.syntax)
         if levels is None:
             raise self._cycle()
@@ -71,6 +72,9 @@ class Program:
         for k in range(1, len(self.rules) + 1):
             if find_levels(self.rules[:k], self.syntax) is None:
                 rule = self.rules[k - 1]
+                read = closure.same_level_read(rule)
+                if read is not None and sum(t.name == rule.head.name for t in rule.terms) == 1:
+                    return closure.unsolved(rule, read)
                 unranged = [v for v in summed_variables(rule) if v not in {r.var for r in rule.ranges}]
                 charts = {r.head.name for r in self.rules}
                 loose = [v for v in unranged if any(v in t.variables for t in rule.terms if t.name in charts)]
@@ -152,7 +156,7 @@ class Program:
             return self._plans[key]
         try:
             with _no_collection():
-                plan = build(self.rules, self.syntax, self.levels, dict(shapes), self._layouts)
+                plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts)
                 fuse(plan)
         except Unsupported as e:
             raise ProgramError(str(e)) from None
@@ -228,6 +232,8 @@ class Program:
         these) and looked-up indices already checked: nothing here reads a value on the host."""
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
+        if self.closures:
+            elements = {**elements, **closure.derive(self.closures, semiring, dict(elements))}
         run = Run(self.plan(shapes), semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
         return Tape.apply(run, *elements.values())
 
