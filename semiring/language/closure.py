@@ -60,14 +60,13 @@ def _lone(ix) -> str | None:
 
 def same_level_read(rule: Rule) -> Term | None:
     """The read of the rule's own chart at the head's item group in another label (the indices
-    equal but for lone variables, at least one of them summed and unranged), or None."""
+    equal but for lone variables, summed where they differ), or None."""
     head = rule.head
-    ranged = {r.var for r in rule.ranges} | {v for c in rule.conds for v in c.variables}
     for t in rule.terms:
         if t.name != head.name:
             continue
         differ = [(h, r) for h, r in zip(head.indices, t.indices) if h != r]
-        if differ and all(_lone(h) and _lone(r) and _lone(r) not in head.variables | ranged for h, r in differ):
+        if differ and all(_lone(h) and _lone(r) and _lone(r) not in head.variables for h, r in differ):
             return t
     return None
 
