@@ -4,9 +4,12 @@ out here with an explicit matrix inverse (docs/language.md, "Cycles")."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -292,3 +295,21 @@ def test_epsilon_moves_equal_the_explicit_closure():
     with pytest.raises(ValueError, match=r"line 4, column 20: alpha\[i, q\] reads alpha\[i, p\] .* \(example 2 at the "
                                          r"other indices \(0,\) of 'eps'\)"):
         prog(sr.Log, lengths=lengths, init=init, step=step, eps=eps, final=final)
+
+
+# ---------------------------------------------------------------- the docs
+
+
+def test_the_docs_cycles_section_runs():
+    """Every ```python block of docs/language.md's "Cycles" section, in order, and what it prints."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "language.md").read_text()
+    section = text.split("\n## Cycles\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 3
+    out = io.StringIO()
+    scope: dict = {}
+    with contextlib.redirect_stdout(out):
+        for block in blocks:
+            exec(block, scope)
+    printed = out.getvalue().splitlines()
+    assert printed[:4] == ["X[s, t, a] += X'[s, t, a]", "X[s, t, a] += X'[s, t, b] * unary+[a, b]", "goal[n] += X[0, n-1, 0]", "True"]
