@@ -59,15 +59,15 @@ def _lone(ix) -> str | None:
 
 
 def same_level_read(rule: Rule) -> Term | None:
-    """The read of the rule's own chart at the head's item group in another label (the indices
-    equal but for lone variables, summed where they differ), or None."""
+    """The rule's one read of its own chart, where it is at the head's item group in another label
+    (the indices equal but for lone variables, summed where they differ), or None."""
     head = rule.head
-    for t in rule.terms:
-        if t.name != head.name:
-            continue
-        differ = [(h, r) for h, r in zip(head.indices, t.indices) if h != r]
-        if differ and all(_lone(h) and _lone(r) and _lone(r) not in head.variables for h, r in differ):
-            return t
+    own = [t for t in rule.terms if t.name == head.name]
+    if len(own) != 1:
+        return None
+    differ = [(h, r) for h, r in zip(head.indices, own[0].indices) if h != r]
+    if differ and all(_lone(h) and _lone(r) and _lone(r) not in head.variables for h, r in differ):
+        return own[0]
     return None
 
 
@@ -102,7 +102,7 @@ def find(rules: list[Rule], syntax: Syntax) -> tuple[list[Rule], Syntax, list[Cl
     closures: list[Closure] = []
     for rule in rules:
         read = same_level_read(rule)
-        found = read and sum(t.name == rule.head.name for t in rule.terms) == 1 and _closure(rule, syntax, read)
+        found = read and _closure(rule, syntax, read)
         if not found:
             continue
         if any(c.chart == rule.head.name for c in closures):
@@ -151,10 +151,10 @@ def shapes(closures: list[Closure], shapes: dict[str, tuple[int, ...]]) -> dict[
 def derive(closures: list[Closure], semiring: Semiring, elements: dict[str, Tensor]) -> dict[str, Tensor]:
     """The elements of the derived inputs ``M⁺``, from the weights' elements ``[*components, B, *shape]``."""
     out: dict[str, Tensor] = {}
+    lead = semiring.extra + 1
     for c in closures:
         if c.name in out:
             continue
-        lead = semiring.extra + 1
         m = elements[c.weights].movedim((lead + c.rows, lead + c.cols), (-2, -1))
         out[c.name] = strict(semiring, m, c).movedim((-2, -1), (lead + c.rows, lead + c.cols))
     return out

@@ -73,7 +73,7 @@ class Program:
             if find_levels(self.rules[:k], self.syntax) is None:
                 rule = self.rules[k - 1]
                 read = closure.same_level_read(rule)
-                if read is not None and sum(t.name == rule.head.name for t in rule.terms) == 1:
+                if read is not None:
                     return closure.unsolved(rule, read)
                 unranged = [v for v in summed_variables(rule) if v not in {r.var for r in rule.ranges}]
                 charts = {r.head.name for r in self.rules}
@@ -229,7 +229,8 @@ class Program:
 
     def run(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes) -> Tensor:
         """Run on already converted elements ``[*components, B, *shape]`` (differentiate through
-        these) and looked-up indices already checked: nothing here reads a value on the host."""
+        these) and looked-up indices already checked: nothing here reads a value on the host, but the
+        checks of a program's closures (:mod:`.closure`: a divergent sum, a positive cycle)."""
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
         if self.closures:
