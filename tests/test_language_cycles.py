@@ -214,8 +214,8 @@ def test_float32_weights_too_light_for_probabilities_keep_their_derivations(cfg)
 def test_a_divergent_sum_is_refused_naming_the_rule(cfg):
     word, rule, unary = grammar(B=2, N=2, NT=2)
     unary[1] = 0.0  # exp(0) = 1 everywhere: spectral radius 2
-    with pytest.raises(ValueError, match=r"line 4, column 19: X\[s, t, a\] reads X\[s, t, b\] at the same level: a cycle "
-                                         r"\(see Cycles\); the sum over derivations of any length diverges: the spectral "
+    with pytest.raises(ValueError, match=r"line 4, column 19: X\[s, t, a\] reads X\[s, t, b\] at the same level: a cycle; "
+                                         r"see Cycles\. The sum over derivations of any length diverges: the spectral "
                                          r"radius of exp\(unary\) over the labels is 2 >= 1 \(example 1\)"):
         cfg(sr.Log, word=word, rule=rule, unary=unary)
     with pytest.raises(ValueError, match="spectral radius of unary over the labels is"):
@@ -226,7 +226,7 @@ def test_a_positive_cycle_in_max_is_refused_naming_it(cfg):
     word, rule, unary = grammar(B=1, N=2, NT=3)
     unary[:] = -math.inf
     unary[0, 1, 2], unary[0, 2, 1] = 1.0, -0.5  # 2 derives 1 (+1), 1 derives 2 (-0.5): the cycle gains 0.5
-    with pytest.raises(ValueError, match=r"line 4.*the labels (1 -> 2 -> 1|2 -> 1 -> 2) form a cycle whose weights sum to "
+    with pytest.raises(ValueError, match=r"line 4.*: a cycle; see Cycles\. The labels (1 -> 2 -> 1|2 -> 1 -> 2) form a cycle whose weights sum to "
                                          r"more than 0 in Max"):
         cfg(sr.Max, word=word, rule=rule, unary=unary)
     unary[0, 2, 1] = -1.5  # now the cycle loses 0.5: allowed
@@ -237,7 +237,7 @@ def test_count_with_a_cycle_is_refused_naming_it(cfg):
     word, rule, unary = grammar(B=1, N=2, NT=3)
     unary[:] = -math.inf
     unary[0, 0, 1] = unary[0, 1, 0] = -3.0
-    with pytest.raises(ValueError, match=r"the labels (0 -> 1 -> 0|1 -> 0 -> 1) form a cycle of finite weights, so the "
+    with pytest.raises(ValueError, match=r"The labels (0 -> 1 -> 0|1 -> 0 -> 1) form a cycle of finite weights, so the "
                                          r"count of derivations is infinite"):
         cfg(sr.Count, word=word, rule=rule, unary=unary)
 
@@ -245,7 +245,7 @@ def test_count_with_a_cycle_is_refused_naming_it(cfg):
 @pytest.mark.parametrize("semiring", [sr.Sampled, sr.KMax(2), sr.SignedLog], ids=str)
 def test_semirings_without_a_closure_refuse(cfg, semiring):
     word, rule, unary = grammar(B=1, N=2, NT=2)
-    with pytest.raises(ValueError, match=r"a cycle \(see Cycles\); the " + re.escape(semiring.name) + " semiring has no closure"):
+    with pytest.raises(ValueError, match=r"a cycle; see Cycles. The " + re.escape(semiring.name) + " semiring has no closure"):
         cfg(semiring, word=word, rule=rule, unary=unary)
 
 
@@ -262,7 +262,7 @@ def test_weights_that_are_not_square_are_refused(cfg):
 def test_a_cycle_the_compiler_does_not_solve_names_the_rule(line, column, phrase):
     text = UNARY_CFG.replace("X[s, t, a] += X[s, t, b] * unary[a, b]", line)
     with pytest.raises(sr.ProgramError, match=rf"line 4, column {column}: X\[s, t, a\] reads X\[s, t, b\] at the same "
-                                              rf"level: a cycle \(see Cycles\)(.|\n)*{phrase}"):
+                                              rf"level: a cycle; see Cycles\. (.|\n)*{phrase}"):
         sr.program(text)
 
 

@@ -47,7 +47,7 @@ class Closure:
     cols: int  # the dimension of ``weights`` the read's label (b) indexes
 
     def error(self, message: str) -> ProgramError:
-        return self.rule.error(f"{self.rule.head} reads {self.read} at the same level: a cycle (see Cycles); {message}",
+        return self.rule.error(f"{self.rule.head} reads {self.read} at the same level: a cycle; see Cycles. {message}",
                                self.read.col)
 
 
@@ -90,7 +90,7 @@ def _closure(rule: Rule, syntax: Syntax, read: Term) -> tuple[str, int, int] | N
 def unsolved(rule: Rule, read: Term) -> ProgramError:
     """The error for a cycle inside a level that is not a closure the compiler solves."""
     (h, r), = [(h, r) for h, r in zip(rule.head.indices, read.indices) if h != r][:1]
-    return rule.error(f"{rule.head} reads {read} at the same level: a cycle (see Cycles). A cycle is solved as a closure "
+    return rule.error(f"{rule.head} reads {read} at the same level: a cycle; see Cycles. A cycle is solved as a closure "
                       f"where its rule is '{rule.head} += {read} * w[..]' alone: one read of its own chart, times one input "
                       f"indexed by '{h}' and '{r}', without 'for' or 'if'; if '{r}' should stop short of '{h}', give it a "
                       f"range such as 'for {r} in ...'", read.col)
@@ -142,7 +142,7 @@ def shapes(closures: list[Closure], shapes: dict[str, tuple[int, ...]]) -> dict[
     for c in closures:
         shape = shapes[c.weights]
         if shape[c.rows] != shape[c.cols]:
-            raise c.error(f"its weights '{c.weights}' need as many entries in dimension {c.rows + 1} as in dimension "
+            raise c.error(f"Its weights '{c.weights}' need as many entries in dimension {c.rows + 1} as in dimension "
                           f"{c.cols + 1} (one per label), got {shape[c.rows]} and {shape[c.cols]}")
         out[c.name] = shape
     return out
@@ -171,7 +171,7 @@ def strict(semiring: Semiring, m: Tensor, closure: Closure) -> Tensor:
         return _best(semiring, m, closure)
     if kind is CountSemiring:
         return _count(m, closure)
-    raise closure.error(f"the {semiring.name} semiring has no closure of a cycle (Log, Real, Max and Count have; see Cycles)")
+    raise closure.error(f"The {semiring.name} semiring has no closure of a cycle (Log, Real, Max and Count have)")
 
 
 def _solve(m: Tensor, closure: Closure, log: bool) -> Tensor:
@@ -204,7 +204,7 @@ def _converges(u: Tensor, closure: Closure, what: str) -> None:
         if not bool(bad.any()):
             return
         where = tuple(int(i) for i in bad.nonzero()[0])
-        raise closure.error(f"the sum over derivations of any length diverges: the spectral radius of {what} over the labels "
+        raise closure.error(f"The sum over derivations of any length diverges: the spectral radius of {what} over the labels "
                             f"is {float(radius[where]):.6g} >= 1{_at(closure, where)}")
 
 
@@ -238,7 +238,7 @@ def _no_cycle(on_cycle: Tensor, w: Tensor, closure: Closure, what: str) -> None:
     where = tuple(int(i) for i in on_cycle.nonzero()[0][:-1])
     cycle = _positive_cycle(w[where].detach().double().cpu().numpy())
     labels = " -> ".join(map(str, cycle)) if cycle else str(int(on_cycle[where].nonzero()[0]))
-    raise closure.error(f"the labels {labels} form a cycle {what}{_at(closure, where)}")
+    raise closure.error(f"The labels {labels} form a cycle {what}{_at(closure, where)}")
 
 
 def _capturing(t: Tensor) -> bool:
