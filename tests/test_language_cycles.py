@@ -5,8 +5,10 @@ out here with an explicit matrix inverse (docs/language.md, "Cycles")."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import math
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -15,7 +17,8 @@ import pytest
 import torch
 
 import semiring as sr
-from semiring.language import kernel
+from semiring.language import kernel, triton_levels
+from semiring.language.execute import native
 
 UNARY_CFG = """
     X[s, s, a]  = word[s, a]
@@ -313,3 +316,24 @@ def test_the_docs_cycles_section_runs():
             exec(block, scope)
     printed = out.getvalue().splitlines()
     assert printed[:4] == ["X[s, t, a] += X'[s, t, a]", "X[s, t, a] += X'[s, t, b] * unary+[a, b]", "goal[n] += X[0, n-1, 0]", "True"]
+
+
+@pytest.mark.triton
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the interpreter's numpy: log(0))
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1", reason="no CUDA and no interpreter")
+def test_the_triton_kernels_and_the_torch_calls_agree(cfg):
+    """On a GPU, or in Triton's interpreter on CPU tensors."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    inputs = [x.to(device) for x in grammar(B=2, N=3, NT=2)]
+    for semiring in (sr.Log, sr.Max):
+        results = []
+        for context in (triton_levels.interpreted() if device.type == "cpu" else contextlib.nullcontext(),
+                        triton_levels.disabled()):
+            with context, kernel.disabled():
+                xs = [x.clone().requires_grad_() for x in inputs]
+                assert (native(semiring, xs) is triton_levels) == (not results)  # the first run takes the kernels
+                value = cfg(semiring, word=xs[0], rule=xs[1], unary=xs[2])
+                results.append((value, *torch.autograd.grad(value.sum(), xs)))
+        for got, want in zip(*results):
+            torch.testing.assert_close(got, want)
