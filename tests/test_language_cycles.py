@@ -234,6 +234,9 @@ def test_a_positive_cycle_in_max_is_refused_naming_it(cfg):
         cfg(sr.Max, word=word, rule=rule, unary=unary)
     unary[0, 2, 1] = -1.5  # now the cycle loses 0.5: allowed
     assert torch.isfinite(cfg(sr.Max, word=word, rule=rule, unary=unary)).all()
+    unary[:] = -math.inf
+    unary[0, 1, 2], unary[0, 2, 0], unary[0, 0, 1] = 0.1, 0.2, -0.3  # 0 -> 2 -> 1 -> 0 weighs 0, but for rounding: allowed
+    assert torch.isfinite(cfg(sr.Max, word=word, rule=rule, unary=unary)).all()
 
 
 def test_count_with_a_cycle_is_refused_naming_it(cfg):

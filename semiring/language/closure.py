@@ -211,11 +211,16 @@ def _converges(u: Tensor, closure: Closure, what: str) -> None:
 def _best(semiring: Semiring, m: Tensor, closure: Closure) -> Tensor:
     """Max: the best path of one or more steps, by repeated squaring ``Q = Q ⊕ Q ⊗ Q`` until paths
     of every length up to L are in; refused where a cycle has a positive weight. Gradients go to the
-    first best (decodes are one derivation)."""
+    first best (decodes are one derivation). A cycle of weight 0 is allowed, to within rounding
+    (``0.1 + 0.2 - 0.3`` is not 0 in floating point)."""
     q = m
     for _ in range(max(0, math.ceil(math.log2(m.shape[-1])))):
         q = semiring.plus(q, semiring.sum(q.unsqueeze(-1) + q.unsqueeze(-3), -2))
-    _no_cycle(q.diagonal(dim1=-2, dim2=-1) > 0, m, closure, "whose weights sum to more than 0 in Max, so no best derivation exists")
+    with torch.no_grad():
+        size = m.masked_fill(~torch.isfinite(m), 0).abs().amax((-2, -1), keepdim=True).squeeze(-1)
+        rounding = torch.finfo(m.dtype).eps * m.shape[-1] * (1 + size)
+        on_cycle = q.diagonal(dim1=-2, dim2=-1) > rounding
+    _no_cycle(on_cycle, m, closure, "whose weights sum to more than 0 in Max, so no best derivation exists")
     return q
 
 
