@@ -117,11 +117,11 @@ def test_the_unary_rule_is_rewritten_through_the_open_chart(cfg):
     assert cfg.inputs == ["word", "rule", "unary"]
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_log_partition_equals_the_explicit_inverse(cfg, n):
+def test_log_partition_equals_the_explicit_inverse_at_each_length(cfg):
     word, rule, unary = grammar(B=3, N=3, NT=3)
-    got = cfg(sr.Log, lengths=torch.tensor([n] * 3), word=word, rule=rule, unary=unary)
-    want = torch.stack([inside_by_inverse(word[b], rule[b], unary[b], n) for b in range(3)])
+    lengths = [3, 1, 2]
+    got = cfg(sr.Log, lengths=torch.tensor(lengths), word=word, rule=rule, unary=unary)
+    want = torch.stack([inside_by_inverse(word[b], rule[b], unary[b], n) for b, n in enumerate(lengths)])
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -148,6 +148,17 @@ def test_marginals_equal_the_gradient_of_the_explicit_inverse(cfg):
     want = torch.autograd.grad(sum(inside_by_inverse(ys[0][b], ys[1][b], ys[2][b], 3) for b in range(2)), ys)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_a_grammar_shared_by_the_batch_equals_one_per_example(cfg):
+    word, rule, unary = grammar(B=3, N=3, NT=3)
+    rule, unary = rule[:1].clone().requires_grad_(), unary[:1].clone().requires_grad_()
+    shared = cfg(sr.Log, word=word, rule=rule, unary=unary)
+    (g,) = torch.autograd.grad(shared.sum(), unary)
+    want = torch.stack([inside_by_inverse(word[b], rule[0], unary[0], 3) for b in range(3)])
+    (h,) = torch.autograd.grad(want.sum(), unary)
+    torch.testing.assert_close(shared, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g, h, rtol=1e-10, atol=1e-10)
 
 
 def test_gradcheck_and_gradgradcheck_in_float64(cfg):
