@@ -296,6 +296,23 @@ def automaton_by_matrices(init, step, eps, final, n):
     return (v @ final.exp()).log()
 
 
+def automaton_best_by_floyd_warshall(init, step, eps, final, n):
+    """One example's best path, its epsilon moves closed by Floyd-Warshall in max-plus."""
+    def times(v, m):
+        return (v.unsqueeze(-1) + m).amax(-2)
+
+    def closed(e):
+        d = e.clone()
+        for k in range(d.shape[-1]):
+            d = torch.maximum(d, d[:, k:k + 1] + d[k:k + 1, :])
+        return torch.maximum(d, torch.full_like(d, -math.inf).fill_diagonal_(0.0))
+
+    v = times(init, closed(eps[0]))
+    for i in range(1, n + 1):
+        v = times(times(v, step[i - 1]), closed(eps[i]))
+    return (v + final).max()
+
+
 def test_epsilon_moves_equal_the_explicit_closure():
     prog = sr.program(EPSILON)
     g = torch.Generator().manual_seed(1)
@@ -308,6 +325,9 @@ def test_epsilon_moves_equal_the_explicit_closure():
     got = prog(sr.Log, lengths=lengths, init=init, step=step, eps=eps, final=final)
     want = torch.stack([automaton_by_matrices(init[b], step[b], eps[b], final[b], int(lengths[b])) for b in range(B)])
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    best = prog(sr.Max, lengths=lengths, init=init, step=step, eps=eps, final=final)
+    want = torch.stack([automaton_best_by_floyd_warshall(init[b], step[b], eps[b], final[b], int(lengths[b])) for b in range(B)])
+    torch.testing.assert_close(best, want, rtol=1e-12, atol=1e-12)
     eps[2, 0] = 0.0  # example 2's moves at position 0 diverge
     with pytest.raises(ValueError, match=r"line 4, column 20: alpha\[i, q\] reads alpha\[i, p\] .* \(example 2 at the "
                                          r"other indices \(0,\) of 'eps'\)"):
