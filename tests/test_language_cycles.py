@@ -213,13 +213,14 @@ def test_the_kernel_and_the_torch_calls_agree(cfg):
             torch.testing.assert_close(g, h, rtol=1e-12, atol=1e-12)
 
 
-def test_float32_weights_too_light_for_probabilities_keep_their_derivations(cfg):
+@pytest.mark.parametrize("dtype, weight", [(torch.float32, -200.0), (torch.float64, -800.0)])
+def test_weights_too_light_for_probabilities_keep_their_derivations(cfg, dtype, weight):
     word, rule, unary = grammar(B=1, N=1, NT=2)
     unary = torch.full_like(unary, -math.inf)
-    unary[0, 0, 1] = -200.0  # exp(-200) is 0 in float32
+    unary[0, 0, 1] = weight  # exp(weight) is 0 in this dtype
     word[0, 0] = torch.tensor([-math.inf, 0.0])  # label 0 only through the unary rule
-    got = cfg(sr.Log, word=word.float(), rule=rule.float(), unary=unary.float())
-    assert got.item() == pytest.approx(-200.0)
+    got = cfg(sr.Log, word=word.to(dtype), rule=rule.to(dtype), unary=unary.to(dtype))
+    assert got.item() == pytest.approx(weight)
 
 
 # ---------------------------------------------------------------- refused: divergent, positive cycles, no closure
