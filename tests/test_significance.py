@@ -103,3 +103,21 @@ def test_per_sentence_attachment_refuses_another_text():
 def test_the_seeds_command_prints_the_test(capsys):
     main(["seeds", "--a", "1", "2", "3", "4", "5", "--b", "6", "7", "8", "9", "10"])
     assert "p = 0.00105" in capsys.readouterr().out
+
+
+def conllu(heads_per_sentence):
+    blocks = []
+    for heads in heads_per_sentence:
+        rows = [f"{i}\tw{i}\tw{i}\tNOUN\t_\t_\t{h}\tdep\t_\t_" for i, h in enumerate(heads, 1)]
+        blocks.append("\n".join(rows) + "\n")
+    return "\n".join(blocks) + "\n"
+
+
+def test_the_parses_command_compares_two_predicted_files(tmp_path, capsys):
+    (tmp_path / "gold.conllu").write_text(conllu([[0, 1, 1], [2, 0]]))
+    (tmp_path / "a.conllu").write_text(conllu([[0, 1, 1], [2, 0]]))  # 5 of 5 right
+    (tmp_path / "b.conllu").write_text(conllu([[0, 1, 2], [0, 1]]))  # 2 of 5
+    main(["parses", str(tmp_path / "gold.conllu"), str(tmp_path / "a.conllu"), str(tmp_path / "b.conllu"),
+          "--samples", "100"])
+    out = capsys.readouterr().out
+    assert "UAS a 100.00, b 40.00" in out and "difference +0.6" in out
