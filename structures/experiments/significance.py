@@ -184,7 +184,8 @@ def compare_parses(gold: Path, a: Path, b: Path, no_punct: bool = False, samples
 def main(argv: Sequence[str] | None = None) -> None:
     p = command_line("significance", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    parses = sub.add_parser("parses", help="paired bootstrap over sentences of two parses' UAS")
+    parses = sub.add_parser("parses", help="paired bootstrap over sentences of two parses' UAS",
+                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parses.add_argument("gold", type=Path)
     parses.add_argument("a", type=Path)
     parses.add_argument("b", type=Path)
