@@ -39,6 +39,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..nn import SoftmaxAttention, SyntacticAttention
 from . import command_line
 from .arithmetic import SYMBOLS, Pair, sample_pairs
+from .provenance import describe
 
 KINDS = ("none", "simple", "structured")
 ROOT = "$"
@@ -310,6 +311,7 @@ def write_tables(results: dict[str, dict], config: argparse.Namespace, data: dic
         f"{config.train_depths}); test: {len(data['test'])} ({config.test_per_depth} per depth "
         f"{config.test_depths}); {config.epochs} epochs, {config.optimizer} lr {config.lr}, batch "
         f"{config.batch_size}, dim {config.dim}, {'bounded' if config.bounded else 'unbounded'} arc scores, seed {config.seed}.",
+        config.provenance,
         "",
         "| depth | " + " | ".join(results) + " | " + " | ".join(f"paper {k}" for k in KINDS) + " |",
         "|---|" + "---|" * (len(results) + len(KINDS)),
@@ -430,6 +432,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for key, value in MODES["quick" if args.quick else "full" if args.full else "default"].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    args.provenance = describe(args.threads)  # at the start: the code that runs, not the checkout at the end
     return args
 
 
