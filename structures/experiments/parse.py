@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 from . import command_line, default_data_dir
 from .attachment import Attachment, TreeShapes, is_projective
+from .provenance import provenance, provenance_line
 from .biaffine import (DECODERS, LOSSES, BiaffineParser, Checkpoint, Vocab, arc_loss, arc_marginals, batches, decode,
                        length_groups, load_checkpoint, make_batch, save_checkpoint)
 from .ud import PUD, TREEBANKS, Sentence, read_conllu, read_sentences, write_conllu
@@ -215,7 +216,7 @@ def fit(model: BiaffineParser, vocab: Vocab, train: Sequence[Sentence], dev: Seq
     rng = random.Random(seed)
     stopping = EarlyStopping(patience)
     best_state, curve, start = None, [], time.perf_counter()
-    for epoch in (bar := tqdm(range(1, epochs + 1), desc=desc)):
+    for epoch in (bar := tqdm(range(1, epochs + 1), desc=desc, disable=None)):
         loss = train_epoch(model, train, vocab, kind, optimizer, rng)
         row = {"epoch": epoch, "loss_per_word": loss, "dev_uas": None, "dev_las": None}
         if dev:
@@ -413,8 +414,8 @@ def train_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
     wall = time.perf_counter() - wall
     for r in rows:
         r["wall_s"] = wall
-    write_csv(args.out / f"{name}.csv", rows)
-    (args.out / f"{name}.md").write_text(markdown_table(rows))
+    write_csv(args.out / f"{name}.csv", [{**r, **provenance([args.seed])} for r in rows])
+    (args.out / f"{name}.md").write_text(markdown_table(rows) + "\n" + provenance_line([args.seed]))
     draw_example(model, example_sentence(test), vocab, args.loss, args.out, name)
     print(markdown_table(rows))
     return rows
