@@ -50,7 +50,7 @@ from . import command_line, default_data_dir
 from .attachment import Attachment, TreeShapes, is_projective
 from .provenance import provenance, provenance_line
 from .biaffine import (DECODERS, LOSSES, BiaffineParser, Checkpoint, Vocab, arc_loss, arc_marginals, batches, decode,
-                       length_groups, load_checkpoint, make_batch, save_checkpoint)
+                       length_groups, load_checkpoint, make_batch, parser_for, save_checkpoint)
 from .ud import PUD, TREEBANKS, Sentence, read_conllu, read_sentences, write_conllu
 
 DEV_SPLIT_SEED = 0  # the held-out dev sentences do not change with --seed, so seeds compare on the same split
@@ -62,7 +62,7 @@ def train_epoch(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Voc
     model.train()
     total, words = 0.0, 0
     for batch in batches(sentences, vocab, tokens_per_batch, shuffle=rng):
-        h = model.encode(batch)
+        h = model.encode(batch.words, batch.chars, batch.lengths)
         loss = arc_loss(kind, model.arc_scores(h), batch.lengths, batch.heads)
         labels = model.label_scores(h, batch.heads)
         inside = torch.arange(batch.heads.shape[1]) < batch.lengths.unsqueeze(-1)
@@ -108,7 +108,7 @@ def evaluate(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Vocab,
     for group in length_groups(sentences, tokens_per_batch):
         start = time.perf_counter()
         batch = make_batch(sentences, group, vocab)
-        h = model.encode(batch)
+        h = model.encode(batch.words, batch.chars, batch.lengths)
         scores = model.arc_scores(h)
         scoring += time.perf_counter() - start
         for d in decoders:
@@ -141,7 +141,7 @@ def draw_example(model: BiaffineParser, s: Sentence, vocab: Vocab, kind: str, ou
 
     model.eval()
     batch = make_batch([s], [0], vocab)
-    scores = model.arc_scores(model.encode(batch))
+    scores = model.arc_scores(model.encode(batch.words, batch.chars, batch.lengths))
     trees = {"gold": list(s.heads)}
     trees.update({f"{kind} model, {d} decode": decode(d, scores, batch.lengths)[0, :s.n].tolist() for d in DECODERS[kind]})
     paths = [out / f"{name}_trees.png", out / f"{name}_marginals.png"]
@@ -176,7 +176,7 @@ def training_set(sentences: Sequence[Sentence], kind: str, max_length: int) -> l
 def build(train: Sequence[Sentence], seed: int) -> tuple[Vocab, BiaffineParser]:
     torch.manual_seed(seed)
     vocab = Vocab.build(train)
-    return vocab, BiaffineParser(vocab)
+    return vocab, parser_for(vocab)
 
 
 @dataclass
