@@ -1,7 +1,7 @@
 """Tree transduction: prefix -> infix arithmetic with self-attention encoders (Kim et al. 2017, §4.1,
 Table 2, appendix A.2).
 
-    python -m structures.experiments.transduction            # default: ~2-3 minutes of one CPU core
+    python -m structures.experiments.transduction            # default: ~7 minutes of CPU (one thread)
     python -m structures.experiments.transduction --quick    # seconds (the tests run it)
     python -m structures.experiments.transduction --full     # the paper's sizes (15K pairs, 13 epochs)
 
