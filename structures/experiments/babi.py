@@ -33,12 +33,12 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from ..nn import AttentionOutput, HopAttention, MemoryHopAttention
 from . import command_line, default_data_dir
 from .babi_data import Batch, build_vocab, read_examples, task_files, to_batch
 from .provenance import provenance, provenance_line
+from .progress import Progress, report
 
 MODELS = ("memn2n", "binary", "unary")
 LABELS = {"memn2n": "MemN2N", "binary": "Binary CRF", "unary": "Unary CRF"}
@@ -634,7 +634,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tasks = {t: load_task(t, args.data_dir, seed=args.seed, limit=limit, split=args.split) for t in args.tasks}
     runs: dict[tuple[int, str], list[dict]] = {}
     run_rows, plot_best = [], None
-    bar = tqdm(total=len(args.tasks) * len(args.models) * args.runs, desc="babi", disable=None)
+    bar = Progress(total=len(args.tasks) * len(args.models) * args.runs, desc="babi")
     # seeds outermost: after each group every task and model has more runs, and the tables (written
     # after every group) hold the best so far, so that a run cut short still covers every task
     for first in range(args.seed, args.seed + args.runs, args.parallel):
@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     if (task_number, kind) == (plot_task, plot_kind) and (plot_best is None or (result["valid_answer"], -result["valid_loss"]) > plot_best):
                         plot_best = (result["valid_answer"], -result["valid_loss"])
                         plot_hops(model, task, args.out / "babi_hops.png")
-                    bar.set_postfix(task=task_number, model=kind, ans=f"{result['test_answer']:.1f}", fact=f"{result['test_fact']:.1f}")
+                    report(bar, f"task {task_number} {kind} seed {result['seed']}", ans=f"{result['test_answer']:.1f}", fact=f"{result['test_fact']:.1f}")
                     bar.update()
                 rows = [summarize(t, m, r) for (t, m), r in runs.items()]
                 write_tables(rows + average_rows(rows, args.models), args.out, command, range(args.seed, seeds[-1] + 1))

@@ -50,7 +50,6 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from structures.distribution import StructuredDistribution
 from structures.nn import StructuredSelfAttention
@@ -58,6 +57,7 @@ from structures.nn import StructuredSelfAttention
 from .attachment import TreeStatistics, chain_trees, score_trees
 from .parse import length_groups, markdown_table, write_csv
 from .provenance import provenance, provenance_line
+from .progress import Progress, report
 from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu
 from .dmv import DMV, parses, run_epoch
@@ -495,13 +495,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                            tags=len(tag_index) if tag_index else 0, structure=args.structure, encoder=args.encoder)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         curve = []
-        for epoch in (bar := tqdm(range(args.epochs), desc=f"induce {args.language}", disable=None)):
+        for epoch in (bar := Progress(range(args.epochs), desc=f"induce {args.language}")):
             model.arc_scale = 0.0 if epoch < args.uniform_epochs else 1.0
             loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, rate=args.mask_rate, hub_weight=args.hub_penalty,
                                         targets=args.targets, tag_index=tag_index)
             curve.append({"epoch": epoch + 1, "cloze_loss": loss, "skipped_batches": skipped, "seconds": time.perf_counter() - start,
                           "stage": "train"})
-            bar.set_postfix(loss=f"{loss:.3f}")
+            report(bar, epoch, loss=f"{loss:.3f}")
     train_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -509,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.student_epochs:  # the layer taught by the DMV: its trees from one pass over the words (no tags)
         student = ClozeModel(len(index), objective="parent", structure=args.structure)
         student_optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, weight_decay=args.weight_decay)
-        for epoch in tqdm(range(args.student_epochs), desc="student", disable=None):
+        for epoch in Progress(range(args.student_epochs), desc="student"):
             loss = distill_epoch(student, model, train, index, tag_index, student_optimizer, rng)
             curve.append({"epoch": args.epochs + epoch + 1, "cloze_loss": loss, "skipped_batches": 0, "seconds": time.perf_counter() - start,
                           "stage": "student"})

@@ -44,11 +44,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from . import command_line, default_data_dir
 from .attachment import Attachment, TreeShapes, is_projective
 from .provenance import provenance, provenance_line
+from .progress import Progress, report
 from .biaffine import (DECODERS, LOSSES, BiaffineParser, Checkpoint, Vocab, arc_loss, arc_marginals, batches, decode,
                        length_groups, load_checkpoint, make_batch, parser_for, save_checkpoint)
 from .ud import PUD, TREEBANKS, Sentence, read_conllu, read_sentences, write_conllu
@@ -216,7 +216,7 @@ def fit(model: BiaffineParser, vocab: Vocab, train: Sequence[Sentence], dev: Seq
     rng = random.Random(seed)
     stopping = EarlyStopping(patience)
     best_state, curve, start = None, [], time.perf_counter()
-    for epoch in (bar := tqdm(range(1, epochs + 1), desc=desc, disable=None)):
+    for epoch in (bar := Progress(range(1, epochs + 1), desc=desc)):
         loss = train_epoch(model, train, vocab, kind, optimizer, rng)
         row = {"epoch": epoch, "loss_per_word": loss, "dev_uas": None, "dev_las": None}
         if dev:
@@ -224,7 +224,7 @@ def fit(model: BiaffineParser, vocab: Vocab, train: Sequence[Sentence], dev: Seq
             row.update(dev_uas=a.uas, dev_las=a.las)
         row["seconds"] = time.perf_counter() - start
         curve.append(row)
-        bar.set_postfix(loss=f"{loss:.3f}", **({"dev_las": f"{row['dev_las']:.3f}"} if dev else {}))
+        report(bar, epoch, loss=f"{loss:.3f}", **({"dev_las": f"{row['dev_las']:.3f}"} if dev else {}))
         if stopping.update(epoch, (row["dev_las"], row["dev_uas"]) if dev else (epoch,)):
             best_state = copy.deepcopy(model.state_dict())
             on_best(epoch, row)

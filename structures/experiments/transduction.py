@@ -39,6 +39,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..nn import SoftmaxAttention, SyntacticAttention
 from . import command_line
 from .arithmetic import SYMBOLS, Pair, sample_pairs
+from .progress import Progress
 from .provenance import provenance, provenance_line
 
 KINDS = ("none", "simple", "structured")
@@ -442,8 +443,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
-    from tqdm import tqdm
-
     config = parse_args(argv)
     torch.set_num_threads(config.threads)
     config.out.mkdir(parents=True, exist_ok=True)
@@ -453,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
     steps = math.ceil(len(data["train"]) / config.batch_size)  # batches per epoch (bucketing may add a few)
     results, models = {}, {}
     # a bar on a terminal only; in a log, the one line per epoch that fit writes
-    with tqdm(total=steps * config.epochs * len(config.models), desc="transduction", disable=None) as progress:
+    with Progress(total=steps * config.epochs * len(config.models), desc="transduction") as progress:
         for kind in config.models:
             models[kind], outcome = fit(kind, data, config, progress)
             results = {k: outcome if k == kind else results[k] for k in KINDS if k == kind or k in results}

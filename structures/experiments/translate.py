@@ -44,7 +44,6 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from structures.distribution import StructuredDistribution
 from structures.nn import StructuredSelfAttention
@@ -58,6 +57,7 @@ from .dmv import fit as fit_dmv
 from .induce import LANGUAGES, with_punctuation, without_punctuation
 from .parse import markdown_table, write_csv
 from .provenance import provenance, provenance_line
+from .progress import Progress, report
 from .ud import PUD, Sentence, read_conllu
 from .vocabulary import PAD, encode, word_index
 
@@ -306,12 +306,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
     curve = [{"epoch": 0, "loss": float("nan"), "seconds": 0.0, **scores(induced_trees(model, sources, source_index))}]
     start = time.perf_counter()
-    for epoch in (bar := tqdm(range(args.epochs), desc=f"translate {args.source}->{target_language}", disable=None)):
+    for epoch in (bar := Progress(range(args.epochs), desc=f"translate {args.source}->{target_language}")):
         loss = train_epoch(model, pairs, source_index, index, optimizer, rng, teacher=teacher, teacher_weight=args.teacher_weight,
                            translation_weight=args.translation_weight)
         curve.append({"epoch": epoch + 1, "loss": loss, "seconds": time.perf_counter() - start,
                       **scores(induced_trees(model, sources, source_index))})
-        bar.set_postfix(loss=f"{loss:.3f}", DA_p=f"{curve[-1]['DA_p']:.1f}", UA_p=f"{curve[-1]['UA_p']:.1f}")
+        report(bar, epoch, loss=f"{loss:.3f}", DA_p=f"{curve[-1]['DA_p']:.1f}", UA_p=f"{curve[-1]['UA_p']:.1f}")
 
     induced = induced_trees(model, sources, source_index)
     wall = time.perf_counter() - wall
