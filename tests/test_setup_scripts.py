@@ -25,9 +25,9 @@ def checkout(tmp_path: Path) -> Path:
     shutil.copy(SCRIPTS / "_setup.sh", tmp_path / "scripts")
     for name in ("pyproject.toml", "setup.py"):
         (tmp_path / name).write_text(f"# {name}\n")
-    for package in ("semiring", "structures/decode"):
+    for package in ("semiring", "structures/spanning"):
         (tmp_path / package).mkdir(parents=True)
-    (tmp_path / "structures/decode/_kernel.c").write_text("int f(void) { return 0; }\n")
+    (tmp_path / "structures/spanning/_kernel.c").write_text("int f(void) { return 0; }\n")
     python = tmp_path / ".venv/bin/python"
     python.parent.mkdir(parents=True)
     python.write_text(FAKE_PYTHON)
@@ -51,7 +51,7 @@ def test_every_command_after_the_first_installs_nothing(checkout):
     assert installs(checkout) == [f"-m pip install -qq -e {checkout}[test]"]
 
 
-@pytest.mark.parametrize("changed", ["pyproject.toml", "setup.py", "structures/decode/_kernel.c"])
+@pytest.mark.parametrize("changed", ["pyproject.toml", "setup.py", "structures/spanning/_kernel.c"])
 def test_a_changed_build_input_installs_again(checkout, changed):
     run_setup(checkout)
     with open(checkout / changed, "a") as f:
