@@ -88,6 +88,19 @@ def test_the_parser_fits_a_few_sentences():
     assert results["mst"].attachment.uas == 1.0
 
 
+def test_a_checkpoint_saved_before_the_arc_scorer_was_nn_biaffine_loads(tmp_path):
+    vocab = biaffine.Vocab.build(TOY, min_count=1)
+    model = biaffine.parser_for(vocab, word_dim=8, char_dim=4, hidden=8, arc_dim=8, label_dim=4)
+    torch.nn.init.normal_(model.biaffine.weight)
+    biaffine.save_checkpoint(tmp_path / "new.pt", model, vocab, "projective", {})
+    saved = torch.load(tmp_path / "new.pt")
+    old_names = {"biaffine.weight": "biaffine", "biaffine.bias": "head_bias"}
+    saved["state"] = {old_names.get(k, k): v for k, v in saved["state"].items()}
+    torch.save(saved, tmp_path / "old.pt")
+    loaded = biaffine.load_checkpoint(tmp_path / "old.pt").model
+    assert torch.equal(loaded.biaffine.weight, model.biaffine.weight)
+
+
 @needs_data
 @pytest.mark.parametrize("treebank, loss, pud", [("lassysmall", "nonprojective", None), ("ewt", "projective", "en"), ("lassysmall", "local", None)])
 def test_quick_command_writes_scores_trees_and_pictures(tmp_path, treebank, loss, pud):
