@@ -5,7 +5,7 @@ install goes on without them (numpy's decode and the torch path run)."""
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("structures.decode._tarjan_c", ["structures/decode/_tarjan.c"], optional=True),
-    Extension("structures._matrix_tree_c", ["structures/_matrix_tree_c.c"], optional=True),
+    Extension("structures.spanning.decode._tarjan_c", ["structures/spanning/decode/_tarjan.c"], optional=True),
+    Extension("structures.spanning._matrix_tree_c", ["structures/spanning/_matrix_tree_c.c"], optional=True),
     Extension("semiring.language._kernel", ["semiring/language/_kernel.c"], optional=True),
 ])

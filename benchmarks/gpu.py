@@ -30,7 +30,8 @@ from tqdm import tqdm
 from benchmarks import chain, constituency, ctc, nonprojective, pcfg, projective
 from benchmarks.common import fmt_bytes, machine_info, markdown_table, seed_all, time_round_robin
 from semiring.language import triton_levels
-from structures import NonProjectiveDependencyCRF, _tree_partition
+from structures import NonProjectiveDependencyCRF
+from structures.spanning import _tree_partition
 
 Impls = dict[str, Callable[[], object]]
 

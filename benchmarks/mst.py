@@ -50,7 +50,7 @@ if __package__ in (None, ""):  # run as a script: python benchmarks/mst.py
 
 from benchmarks.common import DEFAULT_THREADS, Timing, fmt_ms, machine_info, markdown_table, pin_one_core, seed_all, setup, time_round_robin  # noqa: E402
 from benchmarks.synjax_peer import SynJax  # noqa: E402
-from structures.decode import is_tree, max_arborescence, tree_score  # noqa: E402
+from structures.spanning.decode import is_tree, max_arborescence, tree_score  # noqa: E402
 
 B, N = 16, 128
 

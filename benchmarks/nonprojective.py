@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: python benchmarks/nonprojectiv
 from benchmarks.common import fmt_ms, machine_info, markdown_table, pin_one_core, seed_all, setup, time_round_robin, write_csv
 from benchmarks.synjax_peer import SynJax
 from structures import NonProjectiveDependencyCRF
-from structures._tree_partition import log_partition_and_marginals
+from structures.spanning._tree_partition import log_partition_and_marginals
 from tests.matrix_tree_reference import high_precision_reference
 
 B = 16

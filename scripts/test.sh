@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The test suite: sets up .venv when needed (torch 2.13.0, this package with its test extras),
+# The test suite: sets up .venv when needed (scripts/_setup.sh: the same one install as run.sh),
 # then runs `python -m pytest -q` (extra arguments go to pytest, e.g. `-m slow` or `-k chain`).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_setup.sh"
-setup test
+setup
 cd "$ROOT"
 exec "$VENV/bin/python" -m pytest -q "$@"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tour of the library: sets up .venv when needed (torch 2.13.0, this package), then runs
+# The tour of the library: sets up .venv when needed (scripts/_setup.sh: the same one install as run.sh), then runs
 # `python -m structures.tour`. Safe to run again: nothing is reinstalled that is already there.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_setup.sh"

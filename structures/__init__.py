@@ -11,7 +11,7 @@ from .distribution import StructuredDistribution
 from .emission import EmissionCRF
 from .hmm import HMM, HMMParameters
 from .hops import HopChainCRF
-from .nonprojective import NonProjectiveDependencyCRF
+from .spanning import NonProjectiveDependencyCRF
 from .pcfg import PCFG, TDPCFG
 from .projective import ProjectiveDependencyCRF
 from .second_order import SecondOrderDependencyCRF

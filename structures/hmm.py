@@ -160,7 +160,7 @@ def fit(params: HMMParameters, data: Sequence[Batch], iterations: int, smoothing
     if progress:
         from tqdm import tqdm  # the experiments' extra: the library itself needs only torch and numpy
 
-        steps = bar = tqdm(steps, desc="EM")
+        steps = bar = tqdm(steps, desc="EM", disable=None)  # a bar on a terminal only
     for it in steps:
         params, ll = em_step(params, data, smoothing)
         history.append(ll)

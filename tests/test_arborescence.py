@@ -1,4 +1,4 @@
-"""Maximum spanning arborescence and exact k-best (structures.decode.arborescence).
+"""Maximum spanning arborescence and exact k-best (structures.spanning.decode.arborescence).
 
 Oracles: networkx's ``maximum_spanning_arborescence`` (node 0 has no incoming arc, so it is the
 root), the same restricted to one root arc at a time for the single-root optimum, and brute-force
@@ -16,8 +16,8 @@ import torch
 
 nx = pytest.importorskip("networkx")
 
-import structures.decode.arborescence as arb  # noqa: E402
-from structures.decode import is_tree, kbest_arborescences, max_arborescence, tree_score  # noqa: E402
+import structures.spanning.decode.arborescence as arb  # noqa: E402
+from structures.spanning.decode import is_tree, kbest_arborescences, max_arborescence, tree_score  # noqa: E402
 
 TOL = 1e-9
 
@@ -28,7 +28,7 @@ def tarjan_implementation(request, monkeypatch):
     if request.param == "numpy":
         monkeypatch.setattr(arb, "_tarjan_c", None)
     elif arb._tarjan_c is None:
-        pytest.skip("the C extension structures.decode._tarjan_c is not built (setup.py build_ext --inplace)")
+        pytest.skip("the C extension structures.spanning.decode._tarjan_c is not built (setup.py build_ext --inplace)")
     return request.param
 
 

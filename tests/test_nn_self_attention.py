@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
-from structures.decode.arborescence import is_tree
+from structures.spanning.decode.arborescence import is_tree
 from structures.nn import AttentionOutput, StructuredSelfAttention
 
 D, V = 5, 3

@@ -15,18 +15,18 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import structures._matrix_tree as mt
+import structures.spanning._matrix_tree as mt
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
-from structures._tree_partition import exact, log_partition_and_marginals, masks, shift
-from structures.decode.sampling import sample_arborescences
+from structures.spanning._tree_partition import exact, log_partition_and_marginals, masks, shift
+from structures.spanning.decode.sampling import sample_arborescences
 from matrix_tree_reference import high_precision_reference
 
 NP = NonProjectiveDependencyCRF
-try:  # the maximum spanning arborescences (argmax, k-best) live in structures.decode
-    from structures.decode import arborescence
+try:  # the maximum spanning arborescences (argmax, k-best) live in structures.spanning.decode
+    from structures.spanning.decode import arborescence
 except ImportError:  # pragma: no cover
     arborescence = None
-needs_decode = pytest.mark.skipif(arborescence is None, reason="structures.decode.arborescence is missing")
+needs_decode = pytest.mark.skipif(arborescence is None, reason="structures.spanning.decode.arborescence is missing")
 
 
 # ============================================================================== oracles
@@ -85,12 +85,12 @@ def fast_path(request, monkeypatch):
     """The fast paths by torch and LAPACK (the certified path; log Z alone from the factors), or by
     the C extension (the same certified path for the marginals; log Z alone by the exact
     elimination), which is skipped where the extension is not built."""
-    import structures._tree_partition as partition
+    import structures.spanning._tree_partition as partition
 
     if request.param == "lapack":
         monkeypatch.setattr(partition, "_matrix_tree_c", None)
     elif partition._matrix_tree_c is None:
-        pytest.skip("the C extension structures._matrix_tree_c is not built (setup.py build_ext --inplace)")
+        pytest.skip("the C extension structures.spanning._matrix_tree_c is not built (setup.py build_ext --inplace)")
     return request.param
 
 

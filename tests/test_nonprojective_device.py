@@ -1,5 +1,5 @@
 """The device path of the non-projective CRF's matrix-tree numerics (``device_path`` of
-:func:`structures._tree_partition.log_partition_and_marginals`, the path off the CPU), run here on
+:func:`structures.spanning._tree_partition.log_partition_and_marginals`, the path off the CPU), run here on
 the CPU: the same answers as the default path, and no host decision (checked under torch's
 ``FakeTensorMode``, where every read of a value or shape that depends on one raises)."""
 
@@ -12,8 +12,8 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 from torch.testing import assert_close
 
-import structures._tree_partition as partition
-from structures._tree_partition import log_partition_and_marginals
+import structures.spanning._tree_partition as partition
+from structures.spanning._tree_partition import log_partition_and_marginals
 
 ROOTS = pytest.mark.parametrize("single_root", [False, True], ids=["multi", "single"])
 QUERIES = pytest.mark.parametrize("marginals", [True, False], ids=["marginals", "logZ"])
@@ -168,7 +168,7 @@ def test_the_distribution_and_its_gradients_on_the_device_path(single_root, monk
     second derivatives (std 40 and padding: certified and exact examples side by side)."""
     import functools
 
-    import structures.nonprojective as nonprojective
+    import structures.spanning.nonprojective as nonprojective
     from structures import NonProjectiveDependencyCRF
 
     theta, lengths = batch(40.0, 6, True)

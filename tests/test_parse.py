@@ -80,12 +80,25 @@ def test_decoders_give_trees_of_their_kind():
 def test_the_parser_fits_a_few_sentences():
     torch.manual_seed(0)
     vocab = biaffine.Vocab.build(TOY, min_count=1)
-    model = biaffine.BiaffineParser(vocab, word_dim=32, char_dim=16, hidden=32, arc_dim=32, label_dim=16, dropout=0.0)
+    model = biaffine.parser_for(vocab, word_dim=32, char_dim=16, hidden=32, arc_dim=32, label_dim=16, dropout=0.0)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(30):
         parse.train_epoch(model, TOY, vocab, "nonprojective", optimizer, random.Random(0))
     results, _ = parse.evaluate(model, TOY, vocab, ["mst"])
     assert results["mst"].attachment.uas == 1.0
+
+
+def test_a_checkpoint_saved_before_the_arc_scorer_was_nn_biaffine_loads(tmp_path):
+    vocab = biaffine.Vocab.build(TOY, min_count=1)
+    model = biaffine.parser_for(vocab, word_dim=8, char_dim=4, hidden=8, arc_dim=8, label_dim=4)
+    torch.nn.init.normal_(model.biaffine.weight)
+    biaffine.save_checkpoint(tmp_path / "new.pt", model, vocab, "projective", {})
+    saved = torch.load(tmp_path / "new.pt")
+    old_names = {"biaffine.weight": "biaffine", "biaffine.bias": "head_bias"}
+    saved["state"] = {old_names.get(k, k): v for k, v in saved["state"].items()}
+    torch.save(saved, tmp_path / "old.pt")
+    loaded = biaffine.load_checkpoint(tmp_path / "old.pt").model
+    assert torch.equal(loaded.biaffine.weight, model.biaffine.weight)
 
 
 @needs_data
@@ -102,7 +115,7 @@ def test_quick_command_writes_scores_trees_and_pictures(tmp_path, treebank, loss
     for suffix in (".md", ".csv", "_trees.png", "_marginals.png", f"_{rows[0]['decoder']}.conllu"):
         assert (tmp_path / f"{name}{suffix}").stat().st_size > 0
     saved = torch.load(tmp_path / f"{name}.pt")  # torch's default weights_only=True: plain containers and tensors
-    biaffine.BiaffineParser(biaffine.Vocab(**saved["vocab"]), **saved["config"]).load_state_dict(saved["state"])
+    biaffine.parser_for(biaffine.Vocab(**saved["vocab"]), **saved["config"]).load_state_dict(saved["state"])
     predicted = read_conllu(tmp_path / f"{name}_{rows[-1]['decoder']}.conllu")  # a tree decoder
     gold = read_conllu(DATA / "ud" / TREEBANKS[treebank][1], max_sentences=30)
     assert [s.words for s in predicted] == [s.words for s in gold]
@@ -134,7 +147,7 @@ def test_fit_leaves_the_model_with_its_best_dev_epoch():
     torch.manual_seed(3)
     dev = [toy([0, 1, 2, 3]), toy([2, 0, 2, 3, 2])]
     vocab = biaffine.Vocab.build(TOY, min_count=1)
-    model = biaffine.BiaffineParser(vocab, word_dim=16, char_dim=8, hidden=16, arc_dim=16, label_dim=8, dropout=0.0)
+    model = biaffine.parser_for(vocab, word_dim=16, char_dim=8, hidden=16, arc_dim=16, label_dim=8, dropout=0.0)
     saved = []
     curve, best = parse.fit(model, vocab, TOY, dev, "nonprojective", epochs=8, patience=3, lr=3e-2, seed=3,
                             on_best=lambda epoch, row: saved.append(epoch))

@@ -1,28 +1,21 @@
-"""Results files name the code, CPU and thread count they were produced with."""
+"""Every results file records the commit, the CPU, the torch threads and the seeds of its run."""
 
-import subprocess
+import re
 
-import pytest
 import torch
 
-from structures.experiments import provenance
+from structures.experiments.provenance import provenance, provenance_line
 
 
-def test_the_commit_is_the_checkouts_head():
-    try:
-        head = subprocess.run(["git", "-C", str(provenance.CHECKOUT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("not a git checkout")
-    assert provenance.git_commit().split("+")[0] == head
+def test_provenance_names_the_commit_the_cpu_the_threads_and_the_seeds():
+    run = provenance([4, 5])
+    assert set(run) == {"commit", "cpu", "threads", "seeds"}
+    assert re.fullmatch(r"[0-9a-f]{12}(\+changes)?|unknown", run["commit"])
+    assert re.search(r", \d+ cores$", run["cpu"])
+    assert run["threads"] == str(torch.get_num_threads())
+    assert run["seeds"] == "4 5"
 
 
-def test_outside_a_checkout_the_commit_is_unknown(tmp_path):
-    assert provenance.git_commit(tmp_path) == "unknown"
-
-
-def test_the_description_names_torch_cpu_and_threads():
-    text = provenance.describe(threads=1)
-    assert torch.__version__ in text and provenance.cpu_name() in text
-    assert "1 torch thread." in text
-    assert "4 torch threads." in provenance.describe(threads=4)
+def test_the_markdown_line_carries_the_same_values():
+    run, line = provenance([7]), provenance_line([7])
+    assert all(value in line for value in run.values())

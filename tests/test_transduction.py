@@ -103,15 +103,21 @@ def test_build_model_rejects_an_unknown_kind():
         T.build_model("tree")
 
 
-def test_quick_run_writes_the_table_and_figures(tmp_path):
-    results = T.main(["--quick", "--out", str(tmp_path)])
+def test_quick_run_writes_the_table_and_figures_and_prints_the_table_once(tmp_path, capsys):
+    results = T.main(["--quick", "--out", str(tmp_path), "--seed", "3"])
     assert set(results) == set(T.KINDS)
     for name in ("results.md", "results.csv", "accuracy.png", "attention.png"):
         assert (tmp_path / name).stat().st_size > 0
     rows = list(csv.reader(open(tmp_path / "results.csv")))
     assert rows[0][:4] == ["depth", "none", "simple", "structured"]
-    assert [r[0] for r in rows[1:]] == ["2", "3", "4", "wall_seconds", "cpu_seconds"]
-    assert all(0 <= float(x) <= 100 for r in rows[1:-2] for x in r[1:4])
+    assert [r[0] for r in rows[1:]] == ["2", "3", "4", "wall_seconds", "cpu_seconds", "commit", "cpu", "threads", "seeds"]
+    assert all(0 <= float(x) <= 100 for r in rows[1:4] for x in r[1:4])
+    assert dict(r[:2] for r in rows[-4:])["seeds"] == "3"
+    assert dict(r[:2] for r in rows[-4:])["threads"] == "1"
+    printed = capsys.readouterr().out
+    assert printed.count("# Tree transduction") == 1
+    assert (tmp_path / "results.md").read_text() in printed
+    assert "seed(s) 3." in printed
 
 
 def test_depth_three_formulas_are_as_long_as_the_papers_example_on_average():

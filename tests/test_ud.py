@@ -53,12 +53,13 @@ def test_round_trip_is_byte_identical(sample, tmp_path):
     assert out.read_text(encoding="utf-8") == SAMPLE
 
 
-def test_predicted_heads_replace_only_word_heads(sample, tmp_path):
+def test_predicted_heads_replace_only_word_heads_and_their_deps(sample, tmp_path):
     s = read_conllu(sample)
     out = tmp_path / "pred.conllu"
     write_conllu(out, s, [[2, 0, 2, 2, 2], [0]], [["a", "root", "b", "c", "d"], ["root"]])
     lines = out.read_text(encoding="utf-8").splitlines()
-    assert lines[2].split("\t")[6:8] == ["2", "a"]
+    assert lines[2].split("\t")[6:9] == ["2", "a", "2:a"]  # deps: the predicted arc, not the gold one
+    assert lines[4].split("\t")[6:9] == ["0", "root", "0:root"]
     assert lines[3] == SAMPLE.splitlines()[3]  # the multiword token
     assert lines[7] == SAMPLE.splitlines()[7]  # the empty node, its enhanced deps unchanged
     assert read_conllu(out)[0].heads == (2, 0, 2, 2, 2)

@@ -29,14 +29,16 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from ..nn import AttentionOutput, HopAttention, MemoryHopAttention
 from . import command_line, default_data_dir
 from .babi_data import Batch, build_vocab, read_examples, task_files, to_batch
+from .provenance import provenance, provenance_line
+from .progress import Progress, report
 
 MODELS = ("memn2n", "binary", "unary")
 LABELS = {"memn2n": "MemN2N", "binary": "Binary CRF", "unary": "Unary CRF"}
@@ -468,12 +470,13 @@ def _fmt(value) -> str:
     return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
-def write_tables(rows: list[dict], out: Path, command: str) -> None:
-    """``babi.csv`` and ``babi.md`` under ``out``."""
+def write_tables(rows: list[dict], out: Path, command: str, seeds: Sequence[int]) -> None:
+    """``babi.csv`` and ``babi.md`` under ``out``; ``seeds``: the runs' seeds so far."""
+    run = provenance(seeds)
     with open(out / "babi.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS)
+        writer = csv.DictWriter(f, COLUMNS + list(run))
         writer.writeheader()
-        writer.writerows({k: ("" if r[k] is None else r[k]) for k in COLUMNS} for r in rows)
+        writer.writerows({**{k: ("" if r[k] is None else r[k]) for k in COLUMNS}, **run} for r in rows)
     header = ["task", "K", "model", "runs", "best seed", "valid ans %", "test ans %", "test fact %",
               "mean ans %", "mean fact %", "paper ans %", "paper fact %", "wall s"]
     lines = [f"`{command}`", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -481,7 +484,7 @@ def write_tables(rows: list[dict], out: Path, command: str) -> None:
         cells = [_fmt(r[k]) for k in COLUMNS]
         cells[2] = LABELS[r["model"]]
         lines.append("| " + " | ".join(cells) + " |")
-    (out / "babi.md").write_text("\n".join(lines) + "\n")
+    (out / "babi.md").write_text("\n".join(lines) + "\n\n" + provenance_line(seeds))
 
 
 def write_runs(run_rows: list[dict], path: Path) -> None:
@@ -631,7 +634,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     tasks = {t: load_task(t, args.data_dir, seed=args.seed, limit=limit, split=args.split) for t in args.tasks}
     runs: dict[tuple[int, str], list[dict]] = {}
     run_rows, plot_best = [], None
-    bar = tqdm(total=len(args.tasks) * len(args.models) * args.runs, desc="babi")
+    bar = Progress(total=len(args.tasks) * len(args.models) * args.runs, desc="babi")
     # seeds outermost: after each group every task and model has more runs, and the tables (written
     # after every group) hold the best so far, so that a run cut short still covers every task
     for first in range(args.seed, args.seed + args.runs, args.parallel):
@@ -644,10 +647,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     if (task_number, kind) == (plot_task, plot_kind) and (plot_best is None or (result["valid_answer"], -result["valid_loss"]) > plot_best):
                         plot_best = (result["valid_answer"], -result["valid_loss"])
                         plot_hops(model, task, args.out / "babi_hops.png")
-                    bar.set_postfix(task=task_number, model=kind, ans=f"{result['test_answer']:.1f}", fact=f"{result['test_fact']:.1f}")
+                    report(bar, f"task {task_number} {kind} seed {result['seed']}", ans=f"{result['test_answer']:.1f}", fact=f"{result['test_fact']:.1f}")
                     bar.update()
                 rows = [summarize(t, m, r) for (t, m), r in runs.items()]
-                write_tables(rows + average_rows(rows, args.models), args.out, command)
+                write_tables(rows + average_rows(rows, args.models), args.out, command, range(args.seed, seeds[-1] + 1))
                 write_runs(run_rows, args.out / "babi_runs.csv")
             plot_tasks(rows, args.out / "babi_tasks.png")
     bar.close()

@@ -1,5 +1,6 @@
-"""The biaffine dependency parser: vocabulary, padded batches, the model, its arc losses and
-decoders, and checkpoints that load with plain ``torch.load``.
+"""The biaffine dependency parser on CoNLL-U: vocabulary, padded batches, its arc losses and
+decoders, and checkpoints that load with plain ``torch.load``; the model is
+:class:`structures.nn.parser.BiaffineParser` (no conllu needed).
 
 Scores are ``scores[b, h, m]`` ``[B, N+1, N+1]`` (the structures' convention: index 0 is the root,
 ``[h, m]`` the arc head ``h`` -> modifier ``m``). The command line is
@@ -16,15 +17,15 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
+from structures.nn.parser import PAD, ROOT, UNK, BiaffineParser
 
 from .ud import Sentence
 
 LOSSES = ("projective", "nonprojective", "local")
 DECODERS = {"projective": ("eisner", "mst"), "nonprojective": ("mst", "eisner"), "local": ("argmax", "mst", "eisner")}
-PAD, UNK, ROOT = 0, 1, 2
 MAX_WORD_CHARS = 20
 
 
@@ -112,62 +113,9 @@ def batches(sentences: Sequence[Sentence], vocab: Vocab, tokens_per_batch: int =
         yield make_batch(sentences, g, vocab)
 
 
-class CharCNN(nn.Module):
-    """A word's characters -> one vector: embeddings, a width-3 convolution, max over positions."""
-
-    def __init__(self, n_chars: int, dim: int = 32, out: int = 100):
-        super().__init__()
-        self.embed = nn.Embedding(n_chars, dim, padding_idx=PAD)
-        self.conv = nn.Conv1d(dim, out, 3, padding=1)
-
-    def forward(self, chars: Tensor) -> Tensor:
-        """``chars [B, T, C]`` -> ``[B, T, out]``."""
-        B, T, C = chars.shape
-        x = self.conv(self.embed(chars.view(B * T, C)).transpose(1, 2))
-        x = x.masked_fill((chars.view(B * T, 1, C) == PAD), float("-inf")).amax(-1)
-        return torch.nan_to_num(x, neginf=0.0).view(B, T, -1)
-
-
-class BiaffineParser(nn.Module):
-    """Arc scores ``[B, N+1, N+1]`` (``[b, h, m]``) and label scores of a batch of sentences."""
-
-    def __init__(self, vocab: Vocab, word_dim: int = 100, char_dim: int = 100, hidden: int = 200, layers: int = 2,
-                 arc_dim: int = 200, label_dim: int = 100, dropout: float = 0.33):
-        super().__init__()
-        self.config = {"word_dim": word_dim, "char_dim": char_dim, "hidden": hidden, "layers": layers,
-                       "arc_dim": arc_dim, "label_dim": label_dim, "dropout": dropout}
-        self.word = nn.Embedding(len(vocab.words), word_dim, padding_idx=PAD)
-        self.char = CharCNN(len(vocab.chars), out=char_dim)
-        self.lstm = nn.LSTM(word_dim + char_dim, hidden, layers, batch_first=True, bidirectional=True, dropout=dropout)
-        self.dropout = nn.Dropout(dropout)
-        self.arc_head, self.arc_dep = (nn.Sequential(nn.Linear(2 * hidden, arc_dim), nn.LeakyReLU(0.1), nn.Dropout(dropout)) for _ in range(2))
-        self.label_head, self.label_dep = (nn.Sequential(nn.Linear(2 * hidden, label_dim), nn.LeakyReLU(0.1), nn.Dropout(dropout)) for _ in range(2))
-        self.biaffine = nn.Parameter(torch.zeros(arc_dim, arc_dim))
-        self.head_bias = nn.Parameter(torch.zeros(arc_dim))
-        self.label = nn.Bilinear(label_dim, label_dim, len(vocab.labels))
-        self.word_dropout = dropout
-
-    def encode(self, batch: Batch) -> Tensor:
-        """BiLSTM states ``[B, N+1, 2*hidden]`` (position 0 the root)."""
-        words = batch.words
-        if self.training:  # word dropout: the embedding learns an <unk> that stands for rare words
-            words = words.masked_fill((torch.rand(words.shape) < self.word_dropout) & (words > ROOT), UNK)
-        x = self.dropout(torch.cat([self.word(words), self.char(batch.chars)], -1))
-        packed = nn.utils.rnn.pack_padded_sequence(x, batch.lengths + 1, batch_first=True, enforce_sorted=False)
-        h, _ = self.lstm(packed)
-        h, _ = nn.utils.rnn.pad_packed_sequence(h, batch_first=True, total_length=x.shape[1])
-        return self.dropout(h)
-
-    def arc_scores(self, h: Tensor) -> Tensor:
-        """``scores[b, h, m]`` ``[B, N+1, N+1]`` = dep_m^T U head_h + u^T head_h."""
-        head, dep = self.arc_head(h), self.arc_dep(h)
-        return torch.einsum("bmi,ij,bhj->bhm", dep, self.biaffine, head) + (head @ self.head_bias).unsqueeze(-1)
-
-    def label_scores(self, h: Tensor, heads: Tensor) -> Tensor:
-        """Label scores ``[B, N, L]`` of every word ``1..N`` given its head ``heads [B, N]``."""
-        head, dep = self.label_head(h), self.label_dep(h)
-        head_of = head.gather(1, heads.unsqueeze(-1).expand(-1, -1, head.shape[-1]))
-        return self.label(dep[:, 1:].contiguous(), head_of.contiguous())
+def parser_for(vocab: Vocab, **config: Any) -> BiaffineParser:
+    """A :class:`BiaffineParser` sized for ``vocab``'s words, characters and labels."""
+    return BiaffineParser(len(vocab.words), len(vocab.chars), len(vocab.labels), **config)
 
 
 def local_log_probs(scores: Tensor, lengths: Tensor) -> Tensor:
@@ -217,6 +165,7 @@ def arc_marginals(kind: str, scores: Tensor, lengths: Tensor) -> Tensor:
 
 
 CHECKPOINT_FORMAT = "structures.experiments.parse/1"
+OLD_NAMES = {"biaffine": "biaffine.weight", "head_bias": "biaffine.bias"}
 
 
 def save_checkpoint(path: str | Path, model: BiaffineParser, vocab: Vocab, loss: str, info: dict[str, Any]) -> None:
@@ -253,6 +202,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise ValueError(f"checkpoint {path}: not a parser checkpoint (expected format {CHECKPOINT_FORMAT!r}, got "
                          f"{saved.get('format') if isinstance(saved, dict) else type(saved).__name__!r})")
     vocab = Vocab(**saved["vocab"])
-    model = BiaffineParser(vocab, **saved["config"])
-    model.load_state_dict(saved["state"])
+    model = parser_for(vocab, **saved["config"])
+    # checkpoints saved before the arc scorer was structures.nn.Biaffine name its parameters so
+    state = {OLD_NAMES.get(k, k): v for k, v in saved["state"].items()}
+    model.load_state_dict(state)
     return Checkpoint(model.eval(), vocab, saved["loss"], saved["info"])

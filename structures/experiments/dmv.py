@@ -27,11 +27,11 @@ from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from structures import SecondOrderDependencyCRF
 
 from .parse import length_groups
+from .progress import Progress
 from .ud import Sentence
 from .vocabulary import encode
 
@@ -120,7 +120,7 @@ def fit(sentences: Sequence[Sentence], tag_index: dict[str, int], epochs: int, w
         model, rng = DMV(len(tag_index)), random.Random(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
         curve = [train_epoch(model, sentences, tag_index, optimizer, rng, harmonic=1.0 if epoch < warm_epochs else 0.0)
-                 for epoch in tqdm(range(epochs), desc=f"dmv seed {seed}")]
+                 for epoch in Progress(range(epochs), desc=f"dmv seed {seed}")]
         if best is None or curve[-1] < best[1][-1]:
             best = (model, curve, seed)
     return best

@@ -28,6 +28,7 @@ import torch
 from structures.hmm import Batch, HMMParameters, batches, em_step, fit
 
 from .clustering import many_to_one, v_measure
+from .provenance import provenance
 from . import command_line, default_data_dir
 from .ud import TREEBANKS, Sentence, read_conllu
 
@@ -166,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "seed": args.seed, "log_likelihood": history, "seconds_per_iteration": statistics.median(seconds),
         **{k: {how: score(tag(params, data, len(sequences), how), sentences)[k] for how in ("viterbi", "posterior")}
            for k in ("many_to_one", "v_measure", "homogeneity", "completeness")},
-        "curve": curve, "hmmlearn": {},
+        "curve": curve, "hmmlearn": {}, "run": provenance([args.seed]),
     }
     for implementation in ("log", "scaling") if args.peer_iterations else ():
         peer = side_by_side(start, data, sequences, args.peer_iterations, implementation)

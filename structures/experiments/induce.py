@@ -50,13 +50,14 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from structures.distribution import StructuredDistribution
 from structures.nn import StructuredSelfAttention
 
 from .attachment import TreeStatistics, chain_trees, score_trees
 from .parse import length_groups, markdown_table, write_csv
+from .provenance import provenance, provenance_line
+from .progress import Progress, report
 from . import command_line, default_data_dir
 from .ud import PUD, TREEBANKS, Sentence, read_conllu
 from .dmv import DMV, parses, run_epoch
@@ -494,13 +495,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                            tags=len(tag_index) if tag_index else 0, structure=args.structure, encoder=args.encoder)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
         curve = []
-        for epoch in (bar := tqdm(range(args.epochs), desc=f"induce {args.language}")):
+        for epoch in (bar := Progress(range(args.epochs), desc=f"induce {args.language}")):
             model.arc_scale = 0.0 if epoch < args.uniform_epochs else 1.0
             loss, skipped = train_epoch(model, train, index, optimizer, rng, generator, rate=args.mask_rate, hub_weight=args.hub_penalty,
                                         targets=args.targets, tag_index=tag_index)
             curve.append({"epoch": epoch + 1, "cloze_loss": loss, "skipped_batches": skipped, "seconds": time.perf_counter() - start,
                           "stage": "train"})
-            bar.set_postfix(loss=f"{loss:.3f}")
+            report(bar, epoch, loss=f"{loss:.3f}")
     train_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -508,7 +509,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     if args.student_epochs:  # the layer taught by the DMV: its trees from one pass over the words (no tags)
         student = ClozeModel(len(index), objective="parent", structure=args.structure)
         student_optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3, weight_decay=args.weight_decay)
-        for epoch in tqdm(range(args.student_epochs), desc="student"):
+        for epoch in Progress(range(args.student_epochs), desc="student"):
             loss = distill_epoch(student, model, train, index, tag_index, student_optimizer, rng)
             curve.append({"epoch": args.epochs + epoch + 1, "cloze_loss": loss, "skipped_batches": 0, "seconds": time.perf_counter() - start,
                           "stage": "student"})
@@ -522,9 +523,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
              "eval_sentences": len(test), **score_trees(test, v), "final_cloze_loss": curve[args.epochs - 1]["cloze_loss"],
              "skipped_batches": sum(c["skipped_batches"] for c in curve),
              "train_s": train_seconds, "induce_s": induce_seconds, "wall_s": wall} for k, v in trees.items()]
-    for path, table in ((args.out / f"{name}.csv", rows), (args.out / f"{name}_epochs.csv", curve)):
+    for path, table in ((args.out / f"{name}.csv", [{**r, **provenance([args.seed])} for r in rows]),
+                        (args.out / f"{name}_epochs.csv", curve)):
         write_csv(path, table)
-    (args.out / f"{name}.md").write_text(markdown_table(rows))
+    (args.out / f"{name}.md").write_text(markdown_table(rows) + "\n" + provenance_line([args.seed]))
     draw(model, shown, index, {"gold": [list(s.heads) for s in shown], **induced, **chain_trees(shown)} if args.drop_punct else trees,
          args.out, name, tag_index=tag_index)
     print(markdown_table(rows))

@@ -44,12 +44,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from . import command_line, default_data_dir
 from .attachment import Attachment, TreeShapes, is_projective
+from .provenance import provenance, provenance_line
+from .progress import Progress, report
 from .biaffine import (DECODERS, LOSSES, BiaffineParser, Checkpoint, Vocab, arc_loss, arc_marginals, batches, decode,
-                       length_groups, load_checkpoint, make_batch, save_checkpoint)
+                       length_groups, load_checkpoint, make_batch, parser_for, save_checkpoint)
 from .ud import PUD, TREEBANKS, Sentence, read_conllu, read_sentences, write_conllu
 
 DEV_SPLIT_SEED = 0  # the held-out dev sentences do not change with --seed, so seeds compare on the same split
@@ -61,7 +62,7 @@ def train_epoch(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Voc
     model.train()
     total, words = 0.0, 0
     for batch in batches(sentences, vocab, tokens_per_batch, shuffle=rng):
-        h = model.encode(batch)
+        h = model.encode(batch.words, batch.chars, batch.lengths)
         loss = arc_loss(kind, model.arc_scores(h), batch.lengths, batch.heads)
         labels = model.label_scores(h, batch.heads)
         inside = torch.arange(batch.heads.shape[1]) < batch.lengths.unsqueeze(-1)
@@ -107,7 +108,7 @@ def evaluate(model: BiaffineParser, sentences: Sequence[Sentence], vocab: Vocab,
     for group in length_groups(sentences, tokens_per_batch):
         start = time.perf_counter()
         batch = make_batch(sentences, group, vocab)
-        h = model.encode(batch)
+        h = model.encode(batch.words, batch.chars, batch.lengths)
         scores = model.arc_scores(h)
         scoring += time.perf_counter() - start
         for d in decoders:
@@ -140,7 +141,7 @@ def draw_example(model: BiaffineParser, s: Sentence, vocab: Vocab, kind: str, ou
 
     model.eval()
     batch = make_batch([s], [0], vocab)
-    scores = model.arc_scores(model.encode(batch))
+    scores = model.arc_scores(model.encode(batch.words, batch.chars, batch.lengths))
     trees = {"gold": list(s.heads)}
     trees.update({f"{kind} model, {d} decode": decode(d, scores, batch.lengths)[0, :s.n].tolist() for d in DECODERS[kind]})
     paths = [out / f"{name}_trees.png", out / f"{name}_marginals.png"]
@@ -175,7 +176,7 @@ def training_set(sentences: Sequence[Sentence], kind: str, max_length: int) -> l
 def build(train: Sequence[Sentence], seed: int) -> tuple[Vocab, BiaffineParser]:
     torch.manual_seed(seed)
     vocab = Vocab.build(train)
-    return vocab, BiaffineParser(vocab)
+    return vocab, parser_for(vocab)
 
 
 @dataclass
@@ -215,7 +216,7 @@ def fit(model: BiaffineParser, vocab: Vocab, train: Sequence[Sentence], dev: Seq
     rng = random.Random(seed)
     stopping = EarlyStopping(patience)
     best_state, curve, start = None, [], time.perf_counter()
-    for epoch in (bar := tqdm(range(1, epochs + 1), desc=desc)):
+    for epoch in (bar := Progress(range(1, epochs + 1), desc=desc)):
         loss = train_epoch(model, train, vocab, kind, optimizer, rng)
         row = {"epoch": epoch, "loss_per_word": loss, "dev_uas": None, "dev_las": None}
         if dev:
@@ -223,7 +224,7 @@ def fit(model: BiaffineParser, vocab: Vocab, train: Sequence[Sentence], dev: Seq
             row.update(dev_uas=a.uas, dev_las=a.las)
         row["seconds"] = time.perf_counter() - start
         curve.append(row)
-        bar.set_postfix(loss=f"{loss:.3f}", **({"dev_las": f"{row['dev_las']:.3f}"} if dev else {}))
+        report(bar, epoch, loss=f"{loss:.3f}", **({"dev_las": f"{row['dev_las']:.3f}"} if dev else {}))
         if stopping.update(epoch, (row["dev_las"], row["dev_uas"]) if dev else (epoch,)):
             best_state = copy.deepcopy(model.state_dict())
             on_best(epoch, row)
@@ -413,8 +414,8 @@ def train_command(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[
     wall = time.perf_counter() - wall
     for r in rows:
         r["wall_s"] = wall
-    write_csv(args.out / f"{name}.csv", rows)
-    (args.out / f"{name}.md").write_text(markdown_table(rows))
+    write_csv(args.out / f"{name}.csv", [{**r, **provenance([args.seed])} for r in rows])
+    (args.out / f"{name}.md").write_text(markdown_table(rows) + "\n" + provenance_line([args.seed]))
     draw_example(model, example_sentence(test), vocab, args.loss, args.out, name)
     print(markdown_table(rows))
     return rows

@@ -1,46 +1,52 @@
-"""What a result depends on besides its seed: the code's git commit, the CPU, the thread count.
-
-Training numbers of the reproductions are bit-for-bit reproducible only on the same code, CPU and
-thread count (docs/protocol.md, rule 5), so every results file names them.
-"""
+"""What every results file records about the run that wrote it: the commit, the CPU, the torch
+threads and the seeds, so that a table can be traced to its code and its machine."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-def git_commit(checkout: Path = CHECKOUT) -> str:
-    """The checkout's short commit hash, with ``+changes`` when tracked files differ from it;
-    ``"unknown"`` outside a git checkout (an installed package)."""
+def commit() -> str:
+    """The checkout's commit (short hash), ``+changes`` when tracked files differ from it;
+    ``unknown`` outside a git checkout."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
+        return subprocess.run(["git", "-C", str(CHECKOUT), *args], capture_output=True, text=True,
+                              check=True).stdout.strip()
     try:
-        commit = git("rev-parse", "--short", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
-    except (OSError, subprocess.SubprocessError):
+        head = git("rev-parse", "--short=12", "HEAD")
+        return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return commit + ("+changes" if changed else "")
 
 
-def cpu_name() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo), else what ``platform`` knows of it."""
+def cpu() -> str:
+    """The processor's model name and the cores this process may use."""
+    name = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}, {cores} cores"
 
 
-def describe(threads: int) -> str:
-    """One sentence for a results file: git commit, torch version, CPU and torch thread count."""
-    return (f"Run at git {git_commit()} with torch {torch.__version__}, on {cpu_name()}, "
-            f"{threads} torch thread{'s' if threads != 1 else ''}.")
+def provenance(seeds: Sequence[int]) -> dict[str, str]:
+    """``{"commit", "cpu", "threads", "seeds"}`` of this run, as strings (CSV columns, JSON keys)."""
+    return {"commit": commit(), "cpu": cpu(), "threads": str(torch.get_num_threads()),
+            "seeds": " ".join(str(s) for s in seeds)}
+
+
+def provenance_line(seeds: Sequence[int]) -> str:
+    """The same as one markdown sentence, the last line of a results table."""
+    p = provenance(seeds)
+    return (f"Commit {p['commit']}, CPU {p['cpu']}, {p['threads']} torch thread(s), "
+            f"seed(s) {p['seeds']}.\n")

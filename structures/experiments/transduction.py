@@ -1,7 +1,7 @@
 """Tree transduction: prefix -> infix arithmetic with self-attention encoders (Kim et al. 2017, §4.1,
 Table 2, appendix A.2).
 
-    python -m structures.experiments.transduction            # default: ~2-3 minutes of one CPU core
+    python -m structures.experiments.transduction            # default: ~7 minutes of CPU (one thread)
     python -m structures.experiments.transduction --quick    # seconds (the tests run it)
     python -m structures.experiments.transduction --full     # the paper's sizes (15K pairs, 13 epochs)
 
@@ -39,7 +39,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..nn import SoftmaxAttention, SyntacticAttention
 from . import command_line
 from .arithmetic import SYMBOLS, Pair, sample_pairs
-from .provenance import describe
+from .progress import Progress
+from .provenance import provenance, provenance_line
 
 KINDS = ("none", "simple", "structured")
 ROOT = "$"
@@ -303,6 +304,8 @@ def write_tables(results: dict[str, dict], config: argparse.Namespace, data: dic
                        + [PAPER.get(d, {}).get(k, "") for k in KINDS])
         w.writerow(["wall_seconds"] + [f"{results[k]['seconds']:.0f}" for k in results] + ["", "", ""])
         w.writerow(["cpu_seconds"] + [f"{results[k]['cpu_seconds']:.0f}" for k in results] + ["", "", ""])
+        for key, value in provenance([config.seed]).items():
+            w.writerow([key, value] + [""] * (len(results) + len(KINDS) - 1))
     lines = [
         "# Tree transduction (Kim et al. 2017, Table 2)",
         "",
@@ -311,7 +314,6 @@ def write_tables(results: dict[str, dict], config: argparse.Namespace, data: dic
         f"{config.train_depths}); test: {len(data['test'])} ({config.test_per_depth} per depth "
         f"{config.test_depths}); {config.epochs} epochs, {config.optimizer} lr {config.lr}, batch "
         f"{config.batch_size}, dim {config.dim}, {'bounded' if config.bounded else 'unbounded'} arc scores, seed {config.seed}.",
-        config.provenance,
         "",
         "| depth | " + " | ".join(results) + " | " + " | ".join(f"paper {k}" for k in KINDS) + " |",
         "|---|" + "---|" * (len(results) + len(KINDS)),
@@ -324,7 +326,8 @@ def write_tables(results: dict[str, dict], config: argparse.Namespace, data: dic
         lines.append(f"| {name} | " + " | ".join(f"{results[k][key]:.0f}" for k in results)
                      + " | " + " | ".join("" for _ in KINDS) + " |")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    lines += ["", f"Total wall time: {total:.0f} s (CPU {time.process_time():.0f} s); load average at the end: {load}."]
+    lines += ["", f"Total wall time: {total:.0f} s (CPU {time.process_time():.0f} s); load average at the end: {load}.",
+              "", provenance_line([config.seed]).rstrip()]
     text = "\n".join(lines) + "\n"
     (out / "results.md").write_text(text)
     return text
@@ -334,6 +337,7 @@ def plot_accuracy(results: dict[str, dict], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for i, kind in enumerate(results):
@@ -341,6 +345,7 @@ def plot_accuracy(results: dict[str, dict], path: Path) -> None:
         ax.plot(depths, [results[kind]["test"][d] for d in depths], "o-", color=f"C{i}", label=f"{kind} (ours)")
         paper = [d for d in depths if d in PAPER]
         ax.plot(paper, [PAPER[d][kind] for d in paper], "x--", color=f"C{i}", alpha=0.6, label=f"{kind} (paper)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are integers
     ax.set_xlabel("nesting depth (train: 2-4)")
     ax.set_ylabel("length to failure (%)")
     ax.set_ylim(0, 100)
@@ -370,10 +375,12 @@ def plot_attention(models: dict[str, Transducer], pair: Pair, path: Path) -> Non
     for ax, kind in zip(axes, shown):
         models[kind].eval()
         _, parents = models[kind].encode(batch.src, batch.src_lengths)
-        ax.imshow(parents.attention[0].T.numpy(), cmap="Blues", vmin=0)
+        image = ax.imshow(parents.attention[0].T.numpy(), cmap="Blues", vmin=0, vmax=1)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="p(parent | word)")
         ax.set_xticks(range(len(tokens)), tokens, fontsize=7)
         ax.set_yticks(range(len(tokens)), tokens, fontsize=7)
         ax.set_xlabel("parent")
+        ax.set_ylabel("word")
         ax.set_title(f"{kind}: p(parent | word)")
         if parents.distribution is not None:
             heads = parents.distribution.decode()[0].tolist()
@@ -432,13 +439,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for key, value in MODES["quick" if args.quick else "full" if args.full else "default"].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.provenance = describe(args.threads)  # at the start: the code that runs, not the checkout at the end
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
-    from tqdm import tqdm
-
     config = parse_args(argv)
     torch.set_num_threads(config.threads)
     config.out.mkdir(parents=True, exist_ok=True)
@@ -447,13 +451,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, dict]:
                      config.train_depths, config.test_depths, config.seed)
     steps = math.ceil(len(data["train"]) / config.batch_size)  # batches per epoch (bucketing may add a few)
     results, models = {}, {}
-    with tqdm(total=steps * config.epochs * len(config.models), desc="transduction") as progress:
+    # a bar on a terminal only; in a log, the one line per epoch that fit writes
+    with Progress(total=steps * config.epochs * len(config.models), desc="transduction") as progress:
         for kind in config.models:
             models[kind], outcome = fit(kind, data, config, progress)
             results = {k: outcome if k == kind else results[k] for k in KINDS if k == kind or k in results}
             # tables after every model, so that an interrupted run leaves what it finished
             text = write_tables(results, config, data, config.out, time.time() - start)
-            progress.write(text)
+    print(text, end="")
     plot_accuracy(results, config.out / "accuracy.png")
     example = min((p for p in data["test"] if p.depth == 3), key=lambda p: abs(len(p.prefix) - 21), default=data["test"][0])
     if {"simple", "structured"} & set(models):

@@ -44,7 +44,6 @@ from typing import Sequence
 
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from structures.distribution import StructuredDistribution
 from structures.nn import StructuredSelfAttention
@@ -57,6 +56,8 @@ from .dmv import DMV
 from .dmv import fit as fit_dmv
 from .induce import LANGUAGES, with_punctuation, without_punctuation
 from .parse import markdown_table, write_csv
+from .provenance import provenance, provenance_line
+from .progress import Progress, report
 from .ud import PUD, Sentence, read_conllu
 from .vocabulary import PAD, encode, word_index
 
@@ -305,12 +306,12 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
 
     curve = [{"epoch": 0, "loss": float("nan"), "seconds": 0.0, **scores(induced_trees(model, sources, source_index))}]
     start = time.perf_counter()
-    for epoch in (bar := tqdm(range(args.epochs), desc=f"translate {args.source}->{target_language}")):
+    for epoch in (bar := Progress(range(args.epochs), desc=f"translate {args.source}->{target_language}")):
         loss = train_epoch(model, pairs, source_index, index, optimizer, rng, teacher=teacher, teacher_weight=args.teacher_weight,
                            translation_weight=args.translation_weight)
         curve.append({"epoch": epoch + 1, "loss": loss, "seconds": time.perf_counter() - start,
                       **scores(induced_trees(model, sources, source_index))})
-        bar.set_postfix(loss=f"{loss:.3f}", DA_p=f"{curve[-1]['DA_p']:.1f}", UA_p=f"{curve[-1]['UA_p']:.1f}")
+        report(bar, epoch, loss=f"{loss:.3f}", DA_p=f"{curve[-1]['DA_p']:.1f}", UA_p=f"{curve[-1]['UA_p']:.1f}")
 
     induced = induced_trees(model, sources, source_index)
     wall = time.perf_counter() - wall
@@ -320,9 +321,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
              "pairs": len(pairs), "epochs": args.epochs, **scores(v), "final_loss": curve[-1]["loss"],
              "perplexity": float(torch.tensor(curve[-1]["loss"]).exp()), "wall_s": wall}
             for k, v in trees.items()]
-    for path, table in ((args.out / f"{name}.csv", rows), (args.out / f"{name}_epochs.csv", curve)):
+    for path, table in ((args.out / f"{name}.csv", [{**r, **provenance([args.seed])} for r in rows]),
+                        (args.out / f"{name}_epochs.csv", curve)):
         write_csv(path, table)
-    (args.out / f"{name}.md").write_text(markdown_table(rows))
+    (args.out / f"{name}.md").write_text(markdown_table(rows) + "\n" + provenance_line([args.seed]))
     draw(model, sources, source_index, trees, curve, args.out, name)
     print(markdown_table(rows))
     return rows

@@ -130,8 +130,9 @@ def read_sentences(path: str | Path, format: str = "auto", max_sentences: int | 
 def with_tree(s: Sentence, heads: Sequence[int], deprels: Sequence[str] | None = None) -> TokenList:
     """A copy of the sentence's token list whose words carry ``heads`` (and ``deprels`` if given).
 
-    Multiword tokens, empty nodes (with their enhanced ``deps``) and the metadata are copied as
-    they are; the input is not modified.
+    Where a word has enhanced ``deps``, they are recomputed as its one basic arc ``head:deprel``: the
+    graph read would contradict the new heads. Multiword tokens, empty nodes and the metadata are
+    copied as they are; the input is not modified.
     """
     if len(heads) != s.n or (deprels is not None and len(deprels) != s.n):
         raise ValueError(f"heads, deprels: expected {s.n} entries (one per word), got {len(heads)}"
@@ -143,6 +144,8 @@ def with_tree(s: Sentence, heads: Sequence[int], deprels: Sequence[str] | None =
             t["head"] = int(heads[t["id"] - 1])
             if deprels is not None:
                 t["deprel"] = deprels[t["id"] - 1]
+            if t["deps"] is not None:
+                t["deps"] = [(t["deprel"], t["head"])]
         out.append(t)
     return TokenList(out, metadata=dict(s.tokens.metadata))
 

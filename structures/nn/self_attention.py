@@ -35,7 +35,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..nonprojective import NonProjectiveDependencyCRF
+from ..spanning import NonProjectiveDependencyCRF
 from ..projective import ProjectiveDependencyCRF
 from .attention import check_lengths, position_mask, zero_padding
 from .output import AttentionOutput

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from ..decode.arborescence import is_tree
+from ..spanning.decode.arborescence import is_tree
 from .attention import _shape, check_lengths, position_mask
 
 

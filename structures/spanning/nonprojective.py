@@ -20,13 +20,13 @@ from torch import Tensor
 import semiring as sr
 from semiring.semirings import CountSemiring, KMax, LogSemiring, MaxSemiring, RealSemiring, SampledSemiring
 
+from ..base import Distribution, _eager, _inner, algorithm
+from ..trees import DependencyTrees, arcs
 from ._tree_autograd import LogPartition, Marginals
 from ._tree_count import count_trees
 from ._tree_partition import log_partition_and_marginals, masks
-from .base import Distribution, _eager, _inner, algorithm
 from .decode.arborescence import is_tree, kbest_arborescences, max_arborescence
 from .decode.sampling import sample_arborescences
-from .trees import DependencyTrees, arcs
 
 __all__ = ["NonProjectiveDependencyCRF"]
 
