@@ -7,6 +7,7 @@ from torch import Tensor
 
 import semiring
 
+from .base import takes_validate_args
 from .distribution import StructuredDistribution
 from .validation import blame_mask, check_lengths, check_shape, check_tags, lengths_of_mask
 
@@ -37,6 +38,7 @@ class LinearChainCRF(StructuredDistribution):
         self._emission_parts: tuple[Tensor, Tensor] | None = None  # (emissions with start/end folded in, transitions)
 
     @classmethod
+    @takes_validate_args
     def from_torch_struct(cls, log_potentials: Tensor, lengths: Tensor | None = None, *,
                           mask: Tensor | None = None) -> "LinearChainCRF":
         """The distribution of torch-struct's ``LinearChainCRF(log_potentials, lengths)``, whose
@@ -45,6 +47,7 @@ class LinearChainCRF(StructuredDistribution):
         return cls(log_potentials.transpose(-1, -2), lengths, mask=mask)
 
     @classmethod
+    @takes_validate_args
     def from_emissions(cls, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
                        end: Tensor | None = None, lengths: Tensor | None = None, *,
                        mask: Tensor | None = None) -> "LinearChainCRF":

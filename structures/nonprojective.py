@@ -185,10 +185,13 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
 
     # ------------------------------------------------------------------ trees
 
-    def enumerate_support(self, limit: int = 2_000_000) -> tuple[Tensor, Tensor]:
-        """Every tree of finite score (brute force over head assignments; ``(n+1)^n <= limit``):
-        ``(values [S, B, N+1, N+1], valid [S, B])``, trees of each example in lexicographic order of
-        their heads, slots past its count 0 and invalid."""
+    has_enumerate_support = True
+
+    def enumerate_structures(self, limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """Every tree of finite score (brute force over head assignments; ``(n+1)^n <= limit``, default
+        2,000,000): ``(values [S, B, N+1, N+1], valid [S, B])``, trees of each example in
+        lexicographic order of their heads, slots past its count 0 and invalid."""
+        limit = 2_000_000 if limit is None else limit
         N = self.max_length
         lengths = self.lengths
         theta = self._theta.detach()

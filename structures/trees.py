@@ -7,6 +7,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from .base import takes_validate_args
 from .optional import require
 from .validation import check_shape
 
@@ -42,6 +43,7 @@ class DependencyTrees:
     torch_struct_multiroot: ClassVar[bool] = True
 
     @classmethod
+    @takes_validate_args
     def from_torch_struct(cls, arc_scores: Tensor, *args, multiroot: bool | None = None, **kwargs):
         """The distribution of torch-struct's ``DependencyCRF(arc_scores, lengths, multiroot=...)``
         (of its ``NonProjectiveDependencyCRF`` for the non-projective trees): ``arc_scores [B, N, N]``

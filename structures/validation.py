@@ -5,19 +5,39 @@ values (and so synchronise with the device) run only while :func:`validating`.""
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence, Union
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, Mapping, Sequence, Union
 
 import torch
 from torch import Tensor
 
 Lengths = Union[Tensor, Mapping[str, Tensor], Sequence[Tensor], None]
 
+_chosen: ContextVar[bool | None] = ContextVar("validate_args", default=None)
+
 
 def validating() -> bool:
-    """Whether checks that read values (and so synchronise with the device) run: torch's
+    """Whether checks that read values (and so synchronise with the device) run: the
+    ``validate_args=`` of the distribution being built (:func:`validated`), else torch's
     ``Distribution`` default, on unless ``torch.distributions.Distribution.set_default_validate_args(False)``
     (a training loop that trusts its inputs). Checks of types and shapes always run."""
-    return torch.distributions.Distribution._validate_args
+    chosen = _chosen.get()
+    return torch.distributions.Distribution._validate_args if chosen is None else chosen
+
+
+@contextmanager
+def validated(validate_args: bool | None) -> Iterator[None]:
+    """Within: :func:`validating` is ``validate_args`` (None: as outside), torch's meaning of a
+    distribution's ``validate_args=``."""
+    if validate_args is None:
+        yield
+        return
+    token = _chosen.set(bool(validate_args))
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
 
 
 def check_shape(name: str, x: Tensor, spec: str) -> None:
