@@ -41,7 +41,7 @@ from torch import Tensor
 
 import semiring as sr
 
-from .validation import Lengths, blame_mask, check_lengths, check_sample_shape, check_shape, lengths_of_mask, validated, validating
+from .validation import Lengths, as_lengths, blame_mask, check_lengths, check_sample_shape, check_shape, lengths_of_mask, validated, validating
 
 # The structures' algorithms run eagerly inside a compiled model (a graph break): their marginals
 # are a gradient taken inside the forward, and AOTAutograd supports no double backward through it.
@@ -165,6 +165,7 @@ class Distribution(torch.distributions.Distribution):
     every_decoded_value_is_a_structure: ClassVar[bool] = False  # (tags of a chain): log_prob need not check them
     _input: str = "log_potentials"  # the name of the potentials among the scores (see _inputs)
     mask_root: ClassVar[bool] = False  # a mask has a column 0 for the root symbol, ignored (SuPar's dependency masks)
+    argument: ClassVar[str] = "log_potentials"  # what the constructor calls the potentials (in its errors)
     has_enumerate_support: ClassVar[bool] = False  # True where enumerate_structures is implemented
 
     def __init_subclass__(cls, **kwargs):
@@ -178,12 +179,13 @@ class Distribution(torch.distributions.Distribution):
 
     @takes_validate_args
     def __init__(self, log_potentials: Tensor, lengths: Lengths = None, *, mask: Lengths = None):
-        check_shape("log_potentials", log_potentials, self.shape)
+        check_shape(self.argument, log_potentials, self.shape)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
         self._theta = as_given(log_potentials.to(self._compute_dtype(log_potentials.dtype)))
         self._batch = log_potentials.shape[0]
         self._check_sizes()
+        lengths = as_lengths(lengths)
         if mask is None:
             self._lengths = self._check_lengths(lengths)
         else:
@@ -364,10 +366,9 @@ class Distribution(torch.distributions.Distribution):
     def score(self, value: Tensor) -> Tensor:
         """``[..., B]``: the score of structures ``z`` (one-hot parts, or the decoded form): ⟨θ, z⟩,
         plus the shared scores they use."""
-        parts = value if value.dtype.is_floating_point else self.to_parts(value)
-        if parts.shape[-self._theta.dim():] != self._theta.shape:
-            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, self._theta.shape))}], got {list(parts.shape)}")
-        parts = parts.to(self._theta.dtype)
+        if not isinstance(value, Tensor):
+            raise ValueError(f"value: expected a tensor (one-hot parts [..., B, *parts] or the decoded form), got {type(value).__name__}")
+        parts = self._check_parts(value if value.dtype.is_floating_point else self.to_parts(value)).to(self._theta.dtype)
         total = _inner(self._theta, parts, self._part_dims)
         inputs = self._inputs(self._theta, expand=True)
         for name, counts in self.shared_counts(parts).items():
@@ -384,6 +385,13 @@ class Distribution(torch.distributions.Distribution):
             out = out.masked_fill(~self.is_structure(value if value.dtype.is_floating_point else self.to_parts(value)), -math.inf)
         return self._out(out)
 
+    def _check_parts(self, parts: Tensor) -> Tensor:
+        """``parts``; ``ValueError`` naming ``value`` unless it is a tensor ``[..., B, *parts]``."""
+        if not isinstance(parts, Tensor) or parts.shape[max(0, parts.dim() - self._theta.dim()):] != self._theta.shape:
+            got = list(parts.shape) if isinstance(parts, Tensor) else type(parts).__name__
+            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, self._theta.shape))}], got {got}")
+        return parts
+
     def is_structure(self, parts: Tensor) -> Tensor:
         """``[..., B]`` bool: whether one-hot parts ``[..., B, *parts]`` are a structure of each
         example, at its lengths, whatever its potentials (shared scores of -inf still forbid what
@@ -391,8 +399,7 @@ class Distribution(torch.distributions.Distribution):
         structure that uses only parts the value has has as many parts as the value (one Max run
         with every part of the value scored 1, the others -inf)."""
         theta = self._theta
-        if parts.shape[-theta.dim():] != theta.shape:
-            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, theta.shape))}], got {list(parts.shape)}")
+        self._check_parts(parts)
         lead = parts.shape[: parts.dim() - theta.dim()]
         copies = math.prod(lead)
         flat = parts.detach().reshape(copies * self._batch, *theta.shape[1:]).to(torch.float64)

@@ -74,7 +74,7 @@ class StructuredDistribution(Distribution):
                 raise
             empty = True
         if empty:
-            raise ValueError(f"log_potentials: shape {list(self.log_potentials.shape)} (expected [{self.shape}]) "
+            raise ValueError(f"{self.argument}: shape {list(self.log_potentials.shape)} (expected [{self.shape}]) "
                              "admits no structure: a size is too small")
 
     def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:

@@ -8,7 +8,7 @@ from torch import Tensor
 import semiring
 
 from .distribution import StructuredDistribution
-from .validation import check_shape, check_tags
+from .validation import check_shape, check_tags, prefix_mask
 
 
 class EmissionCRF(StructuredDistribution):
@@ -35,6 +35,7 @@ class EmissionCRF(StructuredDistribution):
     every_decoded_value_is_a_structure = True  # any tags in range
     shape = "B, N, C"
     potentials = "emit"
+    argument = "emissions"
 
     def __init__(self, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
                  end: Tensor | None = None, lengths: Tensor | None = None, *, mask: Tensor | None = None):
@@ -61,7 +62,7 @@ class EmissionCRF(StructuredDistribution):
         """One-hot tags ``[..., B, N, C]`` of tag sequences ``[..., B, N]`` (entries past each length ignored)."""
         N, C = self._theta.shape[-2:]
         tags = check_tags(tags, self._batch, N, C, self.lengths)
-        inside = torch.arange(N, device=tags.device) < self.lengths.to(tags.device).unsqueeze(-1)
+        inside = prefix_mask(self.lengths.to(tags.device), N)
         return torch.nn.functional.one_hot(tags, C).to(self._theta.dtype) * inside.unsqueeze(-1)
 
     def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:

@@ -9,7 +9,7 @@ import semiring
 
 from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import check_shape, check_tags
+from .validation import check_shape, check_tags, prefix_mask
 
 
 class HopChainCRF(StructuredDistribution):
@@ -73,7 +73,7 @@ class HopChainCRF(StructuredDistribution):
         facts = check_tags(facts, self._batch, K, F, self.lengths)
         prev = torch.cat([torch.zeros_like(facts[..., :1]), facts[..., :-1]], -1)
         onehot = torch.nn.functional.one_hot(prev * F + facts, F * F).reshape(*facts.shape, F, F).to(self._theta.dtype)
-        inside = torch.arange(K, device=facts.device) < self.lengths.to(facts.device).unsqueeze(-1)
+        inside = prefix_mask(self.lengths.to(facts.device), K)
         return onehot * inside[..., None, None]
 
     @property

@@ -27,6 +27,7 @@ from .base import Distribution, _eager, _inner, algorithm
 from .decode.arborescence import is_tree, kbest_arborescences, max_arborescence
 from .decode.sampling import sample_arborescences
 from .trees import DependencyTrees, arcs
+from .validation import prefix_mask
 
 __all__ = ["NonProjectiveDependencyCRF"]
 
@@ -125,7 +126,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
         heads = max_arborescence(theta.detach(), lengths, self.single_root)
         score = self._score_trees(theta, heads, lengths)
         if self.single_root:  # where no single-root tree has a finite score, the best found has several root children
-            words = torch.arange(heads.shape[-1], device=heads.device) < lengths[:, None]
+            words = prefix_mask(lengths, heads.shape[-1])
             score = score.masked_fill(((heads == 0) & words).sum(-1) != 1, -math.inf)
         return score
 

@@ -9,15 +9,14 @@ from torch import Tensor
 
 from .base import takes_validate_args
 from .optional import require
-from .validation import check_shape
+from .validation import check_shape, check_tags, prefix_mask
 
 
 def arcs(heads: Tensor, lengths: Tensor, n1: int, dtype: torch.dtype) -> Tensor:
     """One-hot arcs ``[..., B, N+1, N+1]`` (``[h, m]``, 0 the root) of heads ``[..., B, N]``
     (``heads[..., m-1]`` the head of word m); words past each example's length get no arc."""
     onehot = torch.nn.functional.one_hot(heads.long().clamp(0, n1 - 1), n1).transpose(-1, -2).to(dtype)
-    inside = torch.arange(1, n1, device=heads.device) <= lengths.to(heads.device).unsqueeze(-1)
-    onehot = onehot * inside.unsqueeze(-2)
+    onehot = onehot * prefix_mask(lengths.to(heads.device), n1 - 1).unsqueeze(-2)
     return torch.cat([torch.zeros_like(onehot[..., :1]), onehot], -1)
 
 
@@ -69,10 +68,10 @@ class DependencyTrees:
         return parts[..., 1:].argmax(-2) * (parts[..., 1:].sum(-2) > 0)
 
     def to_parts(self, heads: Tensor) -> Tensor:
-        """One-hot arcs ``[..., B, N+1, N+1]`` of trees given as heads ``[..., B, N]`` (entries past each length ignored)."""
+        """One-hot arcs ``[..., B, N+1, N+1]`` of trees given as heads ``[..., B, N]`` in ``0..N``
+        (entries past each length ignored; ``ValueError`` naming ``value`` otherwise)."""
         n1 = self._theta.shape[-1]
-        if heads.shape[-1] != n1 - 1 or heads.dtype.is_floating_point:
-            raise ValueError(f"value: expected integer heads of shape [..., B, {n1 - 1}], got {heads.dtype} {list(heads.shape)}")
+        heads = check_tags(heads, self._batch, n1 - 1, n1, self.lengths, what="heads")
         return arcs(heads, self.lengths, n1, self._theta.dtype)
 
     def to_networkx(self, value: Tensor | None = None) -> list:

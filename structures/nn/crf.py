@@ -6,7 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..emission import EmissionCRF
-from ..validation import validating
+from ..validation import prefix_mask, validating
 
 _REDUCTIONS = ("none", "sum", "mean", "token_mean")
 
@@ -65,7 +65,7 @@ class CRF(nn.Module):
             raise ValueError(f"reduction: invalid reduction: {reduction} (expected one of {', '.join(_REDUCTIONS)})")
         dist = self.distribution(emissions, mask)
         tags = tags.transpose(0, 1) if not self.batch_first else tags
-        on = torch.arange(tags.shape[1], device=tags.device) < dist.lengths.unsqueeze(-1)
+        on = prefix_mask(dist.lengths.to(tags.device), tags.shape[1])
         if bool(((tags < 0) | (tags >= self.num_tags))[on].any()):
             raise ValueError(f"tags: expected tags in 0..{self.num_tags - 1} at unmasked positions")
         llh = dist.log_prob(tags.masked_fill(~on, 0))
