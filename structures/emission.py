@@ -7,6 +7,7 @@ from torch import Tensor
 
 import semiring
 
+from .base import takes_validate_args
 from .distribution import StructuredDistribution
 from .validation import check_shape, check_tags, prefix_mask
 
@@ -53,6 +54,23 @@ class EmissionCRF(StructuredDistribution):
                 raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
             shared[name] = v.unsqueeze(0)
         super().__init__(emissions, lengths, shared, mask=mask)
+
+    @classmethod
+    @takes_validate_args
+    def from_supar(cls, scores: Tensor, trans: Tensor | None = None, lengths: Tensor | None = None, *,
+                   mask: Tensor | None = None) -> "EmissionCRF":
+        """The distribution of SuPar's ``LinearChainCRF(scores, trans, lens)`` (``CRFLinearChain``):
+        ``scores [B, N, T]`` the emissions and ``trans [T+1, T+1]`` (from, to; default 0) the
+        transitions with a start/end symbol last: ``trans[-1, :T]`` starts, ``trans[:T, -1]`` ends,
+        so ``EmissionCRF(scores, trans[:T, :T], start=trans[-1, :T], end=trans[:T, -1])``."""
+        check_shape("scores", scores, "B, N, T")
+        T = scores.shape[-1]
+        if trans is None:
+            trans = scores.new_zeros(T + 1, T + 1)
+        check_shape("trans", trans, "T, T")
+        if trans.shape[0] != T + 1:
+            raise ValueError(f"trans: expected shape [T+1, T+1] = [{T + 1}, {T + 1}] (start/end last), got {list(trans.shape)}")
+        return cls(scores, trans[:T, :T], trans[-1, :T], trans[:T, -1], lengths, mask=mask)
 
     def decode(self) -> Tensor:
         """``[B, N]`` long: the best tag sequence (0 past each length)."""

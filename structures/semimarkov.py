@@ -63,6 +63,30 @@ class SemiMarkovCRF(StructuredDistribution):
         lengths = as_lengths(lengths)
         return cls(ours, None if lengths is None else lengths - 1, mask=mask)
 
+    @classmethod
+    @takes_validate_args
+    def from_supar(cls, scores: Tensor, trans: Tensor | None = None, lengths: Tensor | None = None, *,
+                   mask: Tensor | None = None) -> "SemiMarkovCRF":
+        """The distribution of SuPar's ``SemiMarkovCRF(scores, trans, lens)``: ``scores [B, N, N, T]``
+        scores a segment of words ``i..j`` (both inclusive) labelled ``t`` as ``scores[b, i, j, t]``,
+        and ``trans [T, T]`` (previous, next; default 0) every pair of consecutive segments; there
+        are no start or end scores and segments have any length ``1..N``. Ours: ``[B, N, N, T, T]``,
+        a segment's score plus the transition from the segment before it (none for the first)."""
+        check_shape("scores", scores, "B, N, N, T")
+        B, N, _, T = scores.shape
+        if trans is None:
+            trans = scores.new_zeros(T, T)
+        check_shape("trans", trans, "T, T")
+        if trans.shape[0] != T:
+            raise ValueError(f"trans: expected shape [T, T] = [{T}, {T}], got {list(trans.shape)}")
+        end = torch.arange(N, device=scores.device)[:, None]  # our position j: the segment's last word
+        size = torch.arange(1, N + 1, device=scores.device)[None, :]  # its length k
+        start = end - size + 1
+        span = scores[:, start.clamp(min=0), end.expand(N, N)]  # [B, j, k-1, t]
+        ours = (span[:, :, :, None, :] + trans).masked_fill((start < 0)[..., None, None], -math.inf)
+        at_first = (start == 0)[..., None, None] & (torch.arange(T, device=scores.device) == 0)[:, None]  # y = 0: no transition
+        return cls(torch.where(at_first, span[:, :, :, None, :], ours), lengths, mask=mask)
+
     def decode(self) -> Tensor:
         """``[B, N]`` long: the label of every position in the best segmentation (0 past each length)."""
         return self.labels(self.argmax)

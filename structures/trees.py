@@ -55,6 +55,16 @@ class DependencyTrees:
         multiroot = cls.torch_struct_multiroot if multiroot is None else multiroot
         return cls(root_row(arc_scores), *args, single_root=not multiroot, **kwargs)
 
+    @classmethod
+    @takes_validate_args
+    def from_supar(cls, scores: Tensor, *args, multiroot: bool = False, **kwargs):
+        """The distribution of SuPar's ``DependencyCRF(scores, lens, multiroot)`` (``MatrixTree`` for
+        the non-projective trees): ``scores [B, N+1, N+1]`` are ``[b, dependent, head]``, 0 the root
+        (ours: ``[b, head, dependent]``), and the root takes one child unless ``multiroot``, as in
+        SuPar. The other arguments are the constructor's (SuPar's mask ``[B, N+1]`` as ``mask=``)."""
+        check_shape("scores", scores, "B, N, N")
+        return cls(scores.transpose(1, 2), *args, single_root=not multiroot, **kwargs)
+
     def _support_flags(self) -> tuple:
         return (self.single_root,)
 
