@@ -29,6 +29,8 @@ autograd records (:func:`recording`), on copies of what inference mode made.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from contextlib import contextmanager
 from functools import cached_property
@@ -39,7 +41,7 @@ from torch import Tensor
 
 import semiring as sr
 
-from .validation import Lengths, blame_mask, check_lengths, check_sample_shape, check_shape, lengths_of_mask
+from .validation import Lengths, as_lengths, blame_mask, check_lengths, check_sample_shape, check_shape, lengths_of_mask, validated, validating
 
 # The structures' algorithms run eagerly inside a compiled model (a graph break): their marginals
 # are a gradient taken inside the forward, and AOTAutograd supports no double backward through it.
@@ -87,6 +89,50 @@ def as_given(t: Tensor) -> Tensor:
     return t.detach() if t._base is not None and not t.requires_grad else t
 
 
+def takes_validate_args(build: Method) -> Method:
+    """``build`` (a constructor) taking ``validate_args=`` as torch.distributions' constructors do:
+    True or False turns on or off, for this distribution, the checks that read values (NaN
+    potentials, lengths in range, ``log_prob`` of what is not a structure); None (the default)
+    keeps torch's default (``Distribution.set_default_validate_args``). Every structure's
+    ``__init__`` is wrapped so (:class:`Distribution` does it for its subclasses)."""
+    if getattr(build, "_takes_validate_args", False):
+        return build
+
+    @functools.wraps(build)
+    def wrapper(*args, validate_args: bool | None = None, **kwargs):
+        with validated(validate_args):
+            return build(*args, **kwargs)
+
+    signature = inspect.signature(build)
+    params = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+    params.insert(at, inspect.Parameter("validate_args", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation="bool | None"))
+    wrapper.__signature__ = signature.replace(parameters=params)
+    wrapper._takes_validate_args = True
+    return wrapper
+
+
+class Structures(torch.distributions.constraints.Constraint):
+    """The support of a structure: ``check(value)`` is ``[..., B]`` bool, whether ``value`` (one-hot
+    parts ``[..., B, *parts]``, or the structure's decoded form: tags, heads, spans) is a structure
+    of each example at its lengths (:meth:`Distribution.is_structure`)."""
+
+    is_discrete = True
+
+    def __init__(self, distribution: "Distribution"):
+        self.distribution = distribution
+        self.event_dim = len(distribution.event_shape)
+        super().__init__()
+
+    def check(self, value: Tensor) -> Tensor:
+        d = self.distribution
+        return d.is_structure(value if value.dtype.is_floating_point else d.to_parts(value))
+
+    def __repr__(self) -> str:
+        return f"Structures({type(self.distribution).__name__})"
+
+
 def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
     """⟨θ, μ⟩ over the last ``dims`` dimensions, with 0 · (-inf) = 0 (forbidden parts have μ = 0)."""
     prod = theta.masked_fill(~torch.isfinite(theta), 0.0) * mu
@@ -103,7 +149,7 @@ class Distribution(torch.distributions.Distribution):
     A subclass sets ``shape`` (the potentials' shape, e.g. ``"B, N, N"``) and ``max_length``,
     registers its algorithms (:func:`algorithm`: Log, Max, KMax, Sampled and Count give every query
     but ``expected_score``, which is ``_expectation``; or it overrides :meth:`run`), and may override
-    ``decode``, ``to_parts`` (from the decoded form), ``enumerate_support``, ``_support_flags`` and
+    ``decode``, ``to_parts`` (from the decoded form), ``enumerate_structures``, ``_support_flags`` and
     ``__init__`` for its own constructors.
 
     Wherever ``lengths`` is taken, ``mask`` may be given instead (keyword only): a bool tensor
@@ -119,21 +165,27 @@ class Distribution(torch.distributions.Distribution):
     every_decoded_value_is_a_structure: ClassVar[bool] = False  # (tags of a chain): log_prob need not check them
     _input: str = "log_potentials"  # the name of the potentials among the scores (see _inputs)
     mask_root: ClassVar[bool] = False  # a mask has a column 0 for the root symbol, ignored (SuPar's dependency masks)
+    argument: ClassVar[str] = "log_potentials"  # what the constructor calls the potentials (in its errors)
+    has_enumerate_support: ClassVar[bool] = False  # True where enumerate_structures is implemented
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if "__init__" in vars(cls):
+            cls.__init__ = takes_validate_args(cls.__init__)
         table = dict(cls.algorithms)
         for name, member in vars(cls).items():
             table.update({kind: name for kind in getattr(member, "_semirings", ())})
         cls.algorithms = table
 
+    @takes_validate_args
     def __init__(self, log_potentials: Tensor, lengths: Lengths = None, *, mask: Lengths = None):
-        check_shape("log_potentials", log_potentials, self.shape)
+        check_shape(self.argument, log_potentials, self.shape)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
         self._theta = as_given(log_potentials.to(self._compute_dtype(log_potentials.dtype)))
         self._batch = log_potentials.shape[0]
         self._check_sizes()
+        lengths = as_lengths(lengths)
         if mask is None:
             self._lengths = self._check_lengths(lengths)
         else:
@@ -141,7 +193,7 @@ class Distribution(torch.distributions.Distribution):
                 self._lengths = self._check_lengths(self._mask_lengths(lengths, mask))
             except ValueError as error:  # a length out of range: the mask's rows
                 raise blame_mask(error) from None
-        super().__init__(torch.Size([self._batch]), log_potentials.shape[1:])  # validate_args: torch's default
+        super().__init__(torch.Size([self._batch]), log_potentials.shape[1:], validate_args=validating())
 
     def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype the queries compute in for potentials of ``dtype`` (float16/bfloat16: float32)."""
@@ -314,10 +366,9 @@ class Distribution(torch.distributions.Distribution):
     def score(self, value: Tensor) -> Tensor:
         """``[..., B]``: the score of structures ``z`` (one-hot parts, or the decoded form): ⟨θ, z⟩,
         plus the shared scores they use."""
-        parts = value if value.dtype.is_floating_point else self.to_parts(value)
-        if parts.shape[-self._theta.dim():] != self._theta.shape:
-            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, self._theta.shape))}], got {list(parts.shape)}")
-        parts = parts.to(self._theta.dtype)
+        if not isinstance(value, Tensor):
+            raise ValueError(f"value: expected a tensor (one-hot parts [..., B, *parts] or the decoded form), got {type(value).__name__}")
+        parts = self._check_parts(value if value.dtype.is_floating_point else self.to_parts(value)).to(self._theta.dtype)
         total = _inner(self._theta, parts, self._part_dims)
         inputs = self._inputs(self._theta, expand=True)
         for name, counts in self.shared_counts(parts).items():
@@ -334,6 +385,13 @@ class Distribution(torch.distributions.Distribution):
             out = out.masked_fill(~self.is_structure(value if value.dtype.is_floating_point else self.to_parts(value)), -math.inf)
         return self._out(out)
 
+    def _check_parts(self, parts: Tensor) -> Tensor:
+        """``parts``; ``ValueError`` naming ``value`` unless it is a tensor ``[..., B, *parts]``."""
+        if not isinstance(parts, Tensor) or parts.shape[max(0, parts.dim() - self._theta.dim()):] != self._theta.shape:
+            got = list(parts.shape) if isinstance(parts, Tensor) else type(parts).__name__
+            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, self._theta.shape))}], got {got}")
+        return parts
+
     def is_structure(self, parts: Tensor) -> Tensor:
         """``[..., B]`` bool: whether one-hot parts ``[..., B, *parts]`` are a structure of each
         example, at its lengths, whatever its potentials (shared scores of -inf still forbid what
@@ -341,12 +399,12 @@ class Distribution(torch.distributions.Distribution):
         structure that uses only parts the value has has as many parts as the value (one Max run
         with every part of the value scored 1, the others -inf)."""
         theta = self._theta
-        if parts.shape[-theta.dim():] != theta.shape:
-            raise ValueError(f"value: expected one-hot parts of shape [..., {', '.join(map(str, theta.shape))}], got {list(parts.shape)}")
+        self._check_parts(parts)
         lead = parts.shape[: parts.dim() - theta.dim()]
         copies = math.prod(lead)
         flat = parts.detach().reshape(copies * self._batch, *theta.shape[1:]).to(torch.float64)
         binary = ((flat == 0) | (flat == 1)).flatten(1).all(1)
+        flat = flat.masked_fill(~binary.reshape(-1, *[1] * (flat.dim() - 1)), 0.0)  # (NaN, ...: no structure, no run on it)
         allowed = torch.zeros_like(flat).masked_fill(flat == 0, -math.inf) + flat
         best = self._max_within(allowed, _repeat(self._lengths, copies))
         return (binary & (best == flat.flatten(1).sum(1))).reshape(*lead, self._batch)
@@ -453,6 +511,44 @@ class Distribution(torch.distributions.Distribution):
     def decode(self) -> Tensor:
         """The best structure in the structure's own terms (tags, heads, fact ids)."""
         return self.argmax
+
+    @property
+    def support(self) -> Structures:
+        """The structures of each example, as a ``torch.distributions.constraints.Constraint``:
+        ``support.check(value)`` is ``[..., B]`` bool (:meth:`is_structure`)."""
+        return Structures(self)
+
+    def enumerate_structures(self, limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """Every structure of finite score, for small problems: ``(values [S, B, *parts], valid [S, B])``;
+        S is the largest count in the batch, and slots past an example's count are 0 and invalid.
+        An example with more than ``limit`` structures (the default: the structure's) is a ``ValueError``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its structures")
+
+    def enumerate_support(self, expand: bool = True, limit: int | None = None) -> Tensor:
+        """torch.distributions' ``enumerate_support``: ``[S, B, *parts]``, every structure of finite
+        score of each example, for small problems (``limit`` as :meth:`enumerate_structures`).
+        Examples have supports of their own: an example with fewer than S structures fills the
+        remaining slots with NaN, which no structure is (``log_prob`` -inf, ``support.check``
+        False: summing ``log_prob(...).exp()`` over the slots gives 1); :meth:`enumerate_structures`
+        gives the same list with 0 there and the mask of the slots that are structures. With
+        ``expand=False``, ``[S, 1, *parts]``: only where every example has the same structures."""
+        values, valid = self.enumerate_structures(limit)
+        if not expand:
+            if not (torch.equal(values, values[:, :1].expand_as(values)) and torch.equal(valid, valid[:, :1].expand_as(valid))):
+                raise ValueError("enumerate_support: expand=False needs one support for the whole batch, but these examples "
+                                 "have different structures (lengths, or parts forbidden by -inf): use expand=True")
+            values, valid = values[:, :1], valid[:, :1]
+        return values.masked_fill(~valid.reshape(*valid.shape, *[1] * (values.dim() - 2)), math.nan)
+
+    def expand(self, batch_shape: Sequence[int], _instance=None) -> "Distribution":
+        """torch.distributions' ``expand``: this distribution where ``batch_shape`` is its own; any
+        other is a ``ValueError``: a structure's batch is the first dimension of its potentials (and
+        of its lengths and shared scores), so build the structure from inputs expanded to that batch."""
+        if torch.Size(batch_shape) == self.batch_shape:
+            return self
+        raise ValueError(f"expand: a structure's batch is the first dimension of its potentials, [B] = "
+                         f"{list(self.batch_shape)}; to get batch_shape {list(batch_shape)}, build it from "
+                         "potentials (and lengths) of that batch, e.g. log_potentials.expand(B, *parts)")
 
     def __repr__(self) -> str:
         lengths = self.lengths

@@ -7,8 +7,9 @@ from torch import Tensor
 
 import semiring
 
+from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import blame_mask, check_lengths, check_shape, check_tags, lengths_of_mask
+from .validation import blame_mask, check_lengths, check_shape, check_tags, lengths_of_mask, prefix_mask
 
 
 class LinearChainCRF(StructuredDistribution):
@@ -37,6 +38,7 @@ class LinearChainCRF(StructuredDistribution):
         self._emission_parts: tuple[Tensor, Tensor] | None = None  # (emissions with start/end folded in, transitions)
 
     @classmethod
+    @takes_validate_args
     def from_torch_struct(cls, log_potentials: Tensor, lengths: Tensor | None = None, *,
                           mask: Tensor | None = None) -> "LinearChainCRF":
         """The distribution of torch-struct's ``LinearChainCRF(log_potentials, lengths)``, whose
@@ -45,6 +47,7 @@ class LinearChainCRF(StructuredDistribution):
         return cls(log_potentials.transpose(-1, -2), lengths, mask=mask)
 
     @classmethod
+    @takes_validate_args
     def from_emissions(cls, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
                        end: Tensor | None = None, lengths: Tensor | None = None, *,
                        mask: Tensor | None = None) -> "LinearChainCRF":
@@ -58,6 +61,8 @@ class LinearChainCRF(StructuredDistribution):
         """
         check_shape("emissions", emissions, "B, N, C")
         B, N, C = emissions.shape
+        if N == 0 or C == 0:
+            raise ValueError(f"emissions: expected shape [B, N, C] with N >= 1 positions and C >= 1 tags, got {list(emissions.shape)}")
         check_shape("transitions", transitions, "C, C")
         if transitions.shape[0] != C:
             raise ValueError(f"transitions: expected shape [C, C] = [{C}, {C}], got {list(transitions.shape)}")
@@ -113,7 +118,7 @@ class LinearChainCRF(StructuredDistribution):
             raise ValueError(f"value: expected tags of shape [..., B, {n - 1 if self._bos else n}], got {list(tags.shape)}")
         pairs = tags[..., :-1] * C + tags[..., 1:]
         onehot = torch.nn.functional.one_hot(pairs, C * C).reshape(*pairs.shape, C, C).to(self._theta.dtype)
-        inside = torch.arange(n - 1, device=tags.device) < (self.lengths.to(tags.device) - 1).unsqueeze(-1)
+        inside = prefix_mask(self.lengths.to(tags.device) - 1, n - 1)
         return onehot * inside[..., None, None]
 
     def score(self, value: Tensor) -> Tensor:
@@ -129,7 +134,7 @@ class LinearChainCRF(StructuredDistribution):
         n = self._theta.shape[1] + (0 if self._bos else 1)  # tags per example
         tag_lengths = self.lengths.to(value.device) - (1 if self._bos else 0)
         tags = check_tags(value, B, n, C, tag_lengths)
-        inside = torch.arange(n, device=value.device) < tag_lengths.unsqueeze(-1)  # [B, n]
+        inside = prefix_mask(tag_lengths, n)  # [B, n]
         lead = tags.shape[:-2]
         if self._emission_parts is not None:
             em, trans = self._emission_parts

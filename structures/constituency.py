@@ -9,6 +9,7 @@ from torch import Tensor
 
 import semiring
 
+from .base import takes_validate_args
 from .distribution import StructuredDistribution
 
 
@@ -43,6 +44,18 @@ class ConstituencyCRF(StructuredDistribution):
         goal        = S[0, n-1]                                         # the sentence
     """)
     shape = "B, N, N, L"
+
+    @classmethod
+    @takes_validate_args
+    def from_supar(cls, scores: Tensor, lengths: Tensor | None = None, *, mask: Tensor | None = None) -> "ConstituencyCRF":
+        """The distribution of SuPar's ``ConstituencyCRF(scores, lens)``: spans on fenceposts,
+        ``scores [B, N+1, N+1]`` (``[i, j]`` covers words ``i..j-1``; or ``[B, N+1, N+1, L]``
+        labelled), ``lens`` the number of words: ours ``scores[:, :-1, 1:]`` (with ``L = 1``)."""
+        if not isinstance(scores, Tensor) or scores.dim() not in (3, 4) or scores.shape[1] != scores.shape[2] or scores.shape[1] < 2:
+            got = list(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+            raise ValueError(f"scores: expected SuPar's fencepost spans [B, N+1, N+1] (or [B, N+1, N+1, L]) with N >= 1, got {got}")
+        spans = scores[:, :-1, 1:]
+        return cls(spans if spans.dim() == 4 else spans[..., None], lengths, mask=mask)
 
     def decode(self) -> Tensor:
         """``[B, 2N-1, 3]`` long: the best tree's constituents ``(start, end, label)`` in pre-order,

@@ -11,7 +11,7 @@ from torch import Tensor
 import semiring
 
 from .distribution import StructuredDistribution
-from .validation import blame_mask, check_integers, check_shape, lengths_of_mask, validating
+from .validation import blame_mask, check_integers, check_shape, lengths_of_mask, prefix_mask, validating
 
 
 class CTC(StructuredDistribution):
@@ -67,7 +67,7 @@ class CTC(StructuredDistribution):
             raise ValueError(f"blank: expected an index in 0..{V - 1}, got {blank}")
         input_lengths = _from_mask(input_lengths, input_mask, B, T, "input", 1)
         target_lengths = _from_mask(target_lengths, target_mask, B, S, "target", 0)
-        inside = torch.arange(S, device=targets.device) < (S if target_lengths is None else target_lengths[:, None])
+        inside = prefix_mask(torch.full((B,), S, device=targets.device) if target_lengths is None else target_lengths, S)
         if validating() and bool((inside & (targets == blank)).any()):
             raise ValueError(f"targets: the blank {blank} appears within a target length")
         self.targets, self.blank = targets, blank
@@ -96,7 +96,7 @@ class CTC(StructuredDistribution):
         T, V = self._theta.shape[-2:]
         if symbols.dim() < 2 or symbols.shape[-1] != T:
             raise ValueError(f"value: expected symbols of shape [..., B, {T}], got {list(symbols.shape)}")
-        inside = (torch.arange(T, device=symbols.device) < self.input_lengths[:, None]) & (symbols >= 0)
+        inside = prefix_mask(self.input_lengths, T) & (symbols >= 0)
         return torch.nn.functional.one_hot(symbols.clamp(0, V - 1), V).to(self._theta.dtype) * inside.unsqueeze(-1)
 
     def positions(self, parts: Tensor) -> Tensor:
@@ -128,7 +128,7 @@ class CTC(StructuredDistribution):
         with every target label used."""
         s = self.positions(parts)
         T = s.shape[-1]
-        framed = (s >= 0) == (torch.arange(T, device=s.device) < self.input_lengths[:, None])
+        framed = (s >= 0) == prefix_mask(self.input_lengths, T)
         ext = self.ext.expand(*s.shape[:-1], -1)
         fits = (ext.gather(-1, s.clamp(0, ext.shape[-1] - 1)) == self.symbols(parts)) | (s < 0)
         used = (s.amax(-1) + 1) // 2 == self.target_lengths

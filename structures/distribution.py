@@ -3,7 +3,7 @@
 :class:`StructuredDistribution` is the :class:`structures.base.Distribution` whose algorithm in
 every semiring is its program run in that semiring (compiled by :mod:`semiring`): ``log_partition``
 in Log, ``argmax`` as the gradient of Max, ``sample`` by forward filtering and backward sampling in
-Sampled, ``topk`` in KMax(k), ``count`` in Count, ``enumerate_support`` in Derivations,
+Sampled, ``topk`` in KMax(k), ``count`` in Count, ``enumerate_structures`` in Derivations,
 ``expected_score`` in the expectation semiring. Declaring a structure is writing its program.
 """
 
@@ -74,7 +74,7 @@ class StructuredDistribution(Distribution):
                 raise
             empty = True
         if empty:
-            raise ValueError(f"log_potentials: shape {list(self.log_potentials.shape)} (expected [{self.shape}]) "
+            raise ValueError(f"{self.argument}: shape {list(self.log_potentials.shape)} (expected [{self.shape}]) "
                              "admits no structure: a size is too small")
 
     def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
@@ -192,10 +192,13 @@ class StructuredDistribution(Distribution):
         empty = out[0] == 0
         return torch.where(empty, 0.0, out[1] / out[0].masked_fill(empty, 1.0))
 
-    def enumerate_support(self, limit: int = 100_000) -> tuple[Tensor, Tensor]:
+    has_enumerate_support = True
+
+    def enumerate_structures(self, limit: int | None = None) -> tuple[Tensor, Tensor]:
         """Every structure of finite score, for small problems: ``(values [S, B, *parts], valid [S, B])``;
         S is the largest count in the batch, and slots past an example's count are 0 and invalid. An
-        example with more than ``limit`` structures (whatever their scores) is a ``ValueError``."""
+        example with more than ``limit`` structures (default 100,000; whatever their scores) is a ``ValueError``."""
+        limit = 100_000 if limit is None else limit
         if self._batch == 0:
             return self._out(self._theta.new_zeros(0, *self._theta.shape)), torch.zeros(0, 0, dtype=torch.bool, device=self._theta.device)
         largest = float(self.run(sr.Count, torch.zeros_like(self._theta)).max())

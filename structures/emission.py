@@ -7,8 +7,9 @@ from torch import Tensor
 
 import semiring
 
+from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import check_shape, check_tags
+from .validation import check_shape, check_tags, prefix_mask
 
 
 class EmissionCRF(StructuredDistribution):
@@ -35,6 +36,7 @@ class EmissionCRF(StructuredDistribution):
     every_decoded_value_is_a_structure = True  # any tags in range
     shape = "B, N, C"
     potentials = "emit"
+    argument = "emissions"
 
     def __init__(self, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
                  end: Tensor | None = None, lengths: Tensor | None = None, *, mask: Tensor | None = None):
@@ -53,6 +55,23 @@ class EmissionCRF(StructuredDistribution):
             shared[name] = v.unsqueeze(0)
         super().__init__(emissions, lengths, shared, mask=mask)
 
+    @classmethod
+    @takes_validate_args
+    def from_supar(cls, scores: Tensor, trans: Tensor | None = None, lengths: Tensor | None = None, *,
+                   mask: Tensor | None = None) -> "EmissionCRF":
+        """The distribution of SuPar's ``LinearChainCRF(scores, trans, lens)`` (``CRFLinearChain``):
+        ``scores [B, N, T]`` the emissions and ``trans [T+1, T+1]`` (from, to; default 0) the
+        transitions with a start/end symbol last: ``trans[-1, :T]`` starts, ``trans[:T, -1]`` ends,
+        so ``EmissionCRF(scores, trans[:T, :T], start=trans[-1, :T], end=trans[:T, -1])``."""
+        check_shape("scores", scores, "B, N, T")
+        T = scores.shape[-1]
+        if trans is None:
+            trans = scores.new_zeros(T + 1, T + 1)
+        check_shape("trans", trans, "T, T")
+        if trans.shape[0] != T + 1:
+            raise ValueError(f"trans: expected shape [T+1, T+1] = [{T + 1}, {T + 1}] (start/end last), got {list(trans.shape)}")
+        return cls(scores, trans[:T, :T], trans[-1, :T], trans[:T, -1], lengths, mask=mask)
+
     def decode(self) -> Tensor:
         """``[B, N]`` long: the best tag sequence (0 past each length)."""
         return self.argmax.argmax(-1)
@@ -61,7 +80,7 @@ class EmissionCRF(StructuredDistribution):
         """One-hot tags ``[..., B, N, C]`` of tag sequences ``[..., B, N]`` (entries past each length ignored)."""
         N, C = self._theta.shape[-2:]
         tags = check_tags(tags, self._batch, N, C, self.lengths)
-        inside = torch.arange(N, device=tags.device) < self.lengths.to(tags.device).unsqueeze(-1)
+        inside = prefix_mask(self.lengths.to(tags.device), N)
         return torch.nn.functional.one_hot(tags, C).to(self._theta.dtype) * inside.unsqueeze(-1)
 
     def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:

@@ -26,7 +26,7 @@ import semiring as sr
 
 from .base import leaf, recording
 from .emission import EmissionCRF
-from .validation import check_shape, validating
+from .validation import check_shape, prefix_mask, validating
 
 
 class HMM(EmissionCRF):
@@ -57,7 +57,7 @@ class HMM(EmissionCRF):
 
     def _inside(self) -> Tensor:
         """``[B, N]`` bool: the positions within each length."""
-        return torch.arange(self._theta.shape[1], device=self._theta.device) < self.lengths.to(self._theta.device).unsqueeze(-1)
+        return prefix_mask(self.lengths.to(self._theta.device), self._theta.shape[1])
 
     def posterior_decode(self) -> Tensor:
         """``[B, N]`` long: the most probable state at each position (0 past each length)."""

@@ -7,8 +7,9 @@ from torch import Tensor
 
 import semiring
 
+from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import check_shape, check_tags
+from .validation import check_shape, check_tags, prefix_mask
 
 
 class HopChainCRF(StructuredDistribution):
@@ -31,12 +32,14 @@ class HopChainCRF(StructuredDistribution):
     shape = "B, K, F, F"
 
     @classmethod
+    @takes_validate_args
     def unary(cls, scores: Tensor, fact_mask: Tensor | None = None, no_repeat: bool = False) -> "HopChainCRF":
         """Independent hops ``θ_k(i)``: ``scores [B, K, F]``; ``fact_mask [B, F]`` (True = a real fact)."""
         check_shape("scores", scores, "B, K, F")
         return cls._build(scores.unsqueeze(2).expand(-1, -1, scores.shape[-1], -1), fact_mask, no_repeat)
 
     @classmethod
+    @takes_validate_args
     def binary(cls, first: Tensor, pairwise: Tensor, fact_mask: Tensor | None = None, no_repeat: bool = False) -> "HopChainCRF":
         """``first [B, F]`` = θ_1(i) and ``pairwise [B, K-1, F, F]`` = θ_{k,k+1}(i, j), one matrix per hop."""
         check_shape("first", first, "B, F")
@@ -70,7 +73,7 @@ class HopChainCRF(StructuredDistribution):
         facts = check_tags(facts, self._batch, K, F, self.lengths)
         prev = torch.cat([torch.zeros_like(facts[..., :1]), facts[..., :-1]], -1)
         onehot = torch.nn.functional.one_hot(prev * F + facts, F * F).reshape(*facts.shape, F, F).to(self._theta.dtype)
-        inside = torch.arange(K, device=facts.device) < self.lengths.to(facts.device).unsqueeze(-1)
+        inside = prefix_mask(self.lengths.to(facts.device), K)
         return onehot * inside[..., None, None]
 
     @property

@@ -8,6 +8,7 @@ from torch import Tensor
 
 import semiring
 
+from .base import takes_validate_args
 from .distribution import StructuredDistribution
 from .trees import DependencyTrees
 from .validation import check_shape
@@ -54,8 +55,9 @@ class SecondOrderDependencyCRF(DependencyTrees, StructuredDistribution):
     as in ``ProjectiveDependencyCRF`` (0 is the root; column 0 and the diagonal are never used).
     ``siblings[b, h, s, m]`` (``[B, N+1, N+1, N+1]``) scores ``m`` taken by ``h`` right after ``s``:
     ``s`` and ``m`` are modifiers of ``h`` on the same side, ``s`` the closer one to ``h``, and no
-    modifier of ``h`` lies between them (SuPar's ``Dependency2oCRF`` siblings, whose tensor is
-    indexed ``[b, m, h, s]``: ``siblings.permute(0, 3, 1, 2)``). The modifier
+    modifier of ``h`` lies between them. SuPar's ``Dependency2oCRF`` indexes its siblings
+    ``[b, m, h, s]``: SuPar's to ours is ``sibs.permute(0, 2, 3, 1)``, ours to SuPar's
+    ``siblings.permute(0, 3, 1, 2)`` (:meth:`from_supar` converts). The modifier
     closest to ``h`` on each side has no sibling score; entries with ``s`` not strictly between
     ``h`` and ``m`` are never used.
 
@@ -83,6 +85,21 @@ class SecondOrderDependencyCRF(DependencyTrees, StructuredDistribution):
     @property
     def program(self) -> semiring.Program:
         return _SINGLE if self.single_root else _MULTI
+
+    @classmethod
+    @takes_validate_args
+    def from_supar(cls, scores: tuple[Tensor, Tensor], lengths: Tensor | None = None, multiroot: bool = False, *,
+                   mask: Tensor | None = None) -> "SecondOrderDependencyCRF":
+        """The distribution of SuPar's ``Dependency2oCRF((arcs, sibs), lens, multiroot)``: ``arcs
+        [B, N+1, N+1]`` are ``[b, dependent, head]`` and ``sibs [B, N+1, N+1, N+1]`` are
+        ``[b, modifier, head, sibling]``; ours are ``arcs.transpose(1, 2)`` and
+        ``sibs.permute(0, 2, 3, 1)`` (SuPar's to ours). The root takes one child unless ``multiroot``."""
+        if not isinstance(scores, (tuple, list)) or len(scores) != 2:
+            raise ValueError(f"scores: expected SuPar's pair (arcs [B, N+1, N+1], sibs [B, N+1, N+1, N+1]), got {type(scores).__name__}")
+        arcs, sibs = scores
+        check_shape("arcs", arcs, "B, N, N")
+        check_shape("sibs", sibs, "B, N, N, N")
+        return cls(arcs.transpose(1, 2), sibs.permute(0, 2, 3, 1), lengths, single_root=not multiroot, mask=mask)
 
     def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:
         """The sibling parts ``[..., B, N+1, N+1, N+1]`` of trees given as one-hot arcs."""

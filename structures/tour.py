@@ -178,8 +178,8 @@ def part2() -> None:
     show("topk(3)", f"shape {list(d.topk(3).shape)}; scores {fmt(d.topk_scores(3)[:, 0])}")
     show("entropy", fmt(d.entropy()))
     show("count", d.count.long().tolist())
-    values, valid = d.enumerate_support()
-    show("enumerate_support()", f"values {list(values.shape)}, valid per example {valid.sum(0).tolist()}")
+    values, valid = d.enumerate_structures()
+    show("enumerate_structures()", f"values {list(values.shape)}, valid per example {valid.sum(0).tolist()}")
     show("sum of p over the support", fmt((d.log_prob(values).exp() * valid).sum(0)))
 
 

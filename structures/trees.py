@@ -7,16 +7,16 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from .base import takes_validate_args
 from .optional import require
-from .validation import check_shape
+from .validation import check_shape, check_tags, prefix_mask
 
 
 def arcs(heads: Tensor, lengths: Tensor, n1: int, dtype: torch.dtype) -> Tensor:
     """One-hot arcs ``[..., B, N+1, N+1]`` (``[h, m]``, 0 the root) of heads ``[..., B, N]``
     (``heads[..., m-1]`` the head of word m); words past each example's length get no arc."""
     onehot = torch.nn.functional.one_hot(heads.long().clamp(0, n1 - 1), n1).transpose(-1, -2).to(dtype)
-    inside = torch.arange(1, n1, device=heads.device) <= lengths.to(heads.device).unsqueeze(-1)
-    onehot = onehot * inside.unsqueeze(-2)
+    onehot = onehot * prefix_mask(lengths.to(heads.device), n1 - 1).unsqueeze(-2)
     return torch.cat([torch.zeros_like(onehot[..., :1]), onehot], -1)
 
 
@@ -42,6 +42,7 @@ class DependencyTrees:
     torch_struct_multiroot: ClassVar[bool] = True
 
     @classmethod
+    @takes_validate_args
     def from_torch_struct(cls, arc_scores: Tensor, *args, multiroot: bool | None = None, **kwargs):
         """The distribution of torch-struct's ``DependencyCRF(arc_scores, lengths, multiroot=...)``
         (of its ``NonProjectiveDependencyCRF`` for the non-projective trees): ``arc_scores [B, N, N]``
@@ -53,6 +54,16 @@ class DependencyTrees:
         check_shape("arc_scores", arc_scores, "B, N, N")
         multiroot = cls.torch_struct_multiroot if multiroot is None else multiroot
         return cls(root_row(arc_scores), *args, single_root=not multiroot, **kwargs)
+
+    @classmethod
+    @takes_validate_args
+    def from_supar(cls, scores: Tensor, *args, multiroot: bool = False, **kwargs):
+        """The distribution of SuPar's ``DependencyCRF(scores, lens, multiroot)`` (``MatrixTree`` for
+        the non-projective trees): ``scores [B, N+1, N+1]`` are ``[b, dependent, head]``, 0 the root
+        (ours: ``[b, head, dependent]``), and the root takes one child unless ``multiroot``, as in
+        SuPar. The other arguments are the constructor's (SuPar's mask ``[B, N+1]`` as ``mask=``)."""
+        check_shape("scores", scores, "B, N, N")
+        return cls(scores.transpose(1, 2), *args, single_root=not multiroot, **kwargs)
 
     def _support_flags(self) -> tuple:
         return (self.single_root,)
@@ -67,10 +78,10 @@ class DependencyTrees:
         return parts[..., 1:].argmax(-2) * (parts[..., 1:].sum(-2) > 0)
 
     def to_parts(self, heads: Tensor) -> Tensor:
-        """One-hot arcs ``[..., B, N+1, N+1]`` of trees given as heads ``[..., B, N]`` (entries past each length ignored)."""
+        """One-hot arcs ``[..., B, N+1, N+1]`` of trees given as heads ``[..., B, N]`` in ``0..N``
+        (entries past each length ignored; ``ValueError`` naming ``value`` otherwise)."""
         n1 = self._theta.shape[-1]
-        if heads.shape[-1] != n1 - 1 or heads.dtype.is_floating_point:
-            raise ValueError(f"value: expected integer heads of shape [..., B, {n1 - 1}], got {heads.dtype} {list(heads.shape)}")
+        heads = check_tags(heads, self._batch, n1 - 1, n1, self.lengths, what="heads")
         return arcs(heads, self.lengths, n1, self._theta.dtype)
 
     def to_networkx(self, value: Tensor | None = None) -> list:

@@ -5,19 +5,39 @@ values (and so synchronise with the device) run only while :func:`validating`.""
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence, Union
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, Mapping, Sequence, Union
 
 import torch
 from torch import Tensor
 
 Lengths = Union[Tensor, Mapping[str, Tensor], Sequence[Tensor], None]
 
+_chosen: ContextVar[bool | None] = ContextVar("validate_args", default=None)
+
 
 def validating() -> bool:
-    """Whether checks that read values (and so synchronise with the device) run: torch's
+    """Whether checks that read values (and so synchronise with the device) run: the
+    ``validate_args=`` of the distribution being built (:func:`validated`), else torch's
     ``Distribution`` default, on unless ``torch.distributions.Distribution.set_default_validate_args(False)``
     (a training loop that trusts its inputs). Checks of types and shapes always run."""
-    return torch.distributions.Distribution._validate_args
+    chosen = _chosen.get()
+    return torch.distributions.Distribution._validate_args if chosen is None else chosen
+
+
+@contextmanager
+def validated(validate_args: bool | None) -> Iterator[None]:
+    """Within: :func:`validating` is ``validate_args`` (None: as outside), torch's meaning of a
+    distribution's ``validate_args=``."""
+    if validate_args is None:
+        yield
+        return
+    token = _chosen.set(bool(validate_args))
+    try:
+        yield
+    finally:
+        _chosen.reset(token)
 
 
 def check_shape(name: str, x: Tensor, spec: str) -> None:
@@ -64,6 +84,30 @@ def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int)
     bad = (x < lo) | (x > hi)
     if bool(bad.any()):
         raise ValueError(f"{name}: expected values in {lo}..{hi}, got {x[bad].tolist()}")
+
+
+def prefix_mask(lengths: Tensor, size: int) -> Tensor:
+    """``[..., size]`` bool: True at the first ``lengths[...]`` positions (the positions that exist)."""
+    return torch.arange(size, device=lengths.device) < lengths.unsqueeze(-1)
+
+
+def as_lengths(lengths: object) -> object:
+    """``lengths`` as given, with integer tensors of any integer dtype as long tensors and a sequence
+    of numbers (a Python list ``[5, 3]``) as one tensor; a sequence of tensors (one per length of
+    a structure with several) stays a sequence. What is not integer is left for the checks to name."""
+    if isinstance(lengths, Tensor):
+        integer = not (lengths.dtype.is_floating_point or lengths.is_complex() or lengths.dtype == torch.bool)
+        return lengths.long() if integer else lengths
+    if isinstance(lengths, Mapping):
+        return {k: as_lengths(v) for k, v in lengths.items()}
+    if isinstance(lengths, (list, tuple)):
+        if any(isinstance(v, (Tensor, list, tuple)) for v in lengths):  # one per length of the structure
+            return type(lengths)(as_lengths(v) for v in lengths)
+        try:
+            return as_lengths(torch.as_tensor(lengths))
+        except (TypeError, ValueError, RuntimeError):
+            raise ValueError(f"lengths: expected an integer tensor [B] (or a list of ints), got {lengths!r}") from None
+    return lengths
 
 
 def check_lengths(lengths: Tensor | Sequence[int] | None, batch: int, lo: int, hi: int,
@@ -127,16 +171,18 @@ def blame_mask(error: ValueError, names: tuple[str, str] = ("lengths", "mask")) 
     return ValueError(f"{mask_name} (read as lengths, its True entries per row):{text[len(lengths_name) + 1:]}")
 
 
-def check_tags(value: Tensor, batch: int, n: int, classes: int, lengths: Tensor) -> Tensor:
-    """Tags ``value [..., B, n]`` with 0 past each example's ``lengths[b]`` (what is there is
-    ignored); ``ValueError`` naming ``value`` unless they are integers of that shape in
-    ``0..classes-1`` within each length."""
-    if value.dim() < 2 or tuple(value.shape[-2:]) != (batch, n) or value.dtype.is_floating_point or value.dtype == torch.bool:
-        raise ValueError(f"value: expected integer tags of shape [..., B, N] = [..., {batch}, {n}], got {value.dtype} {list(value.shape)}")
-    inside = torch.arange(n, device=value.device) < lengths.to(value.device).unsqueeze(-1)  # [B, n]
+def check_tags(value: Tensor, batch: int, n: int, classes: int, lengths: Tensor, what: str = "tags") -> Tensor:
+    """Tags ``value [..., B, n]`` (or heads, ``what``) with 0 past each example's ``lengths[b]``
+    (what is there is ignored); ``ValueError`` naming ``value`` unless they are integers (not
+    bool) of that shape in ``0..classes-1`` within each length."""
+    if (not isinstance(value, Tensor) or value.dim() < 2 or tuple(value.shape[-2:]) != (batch, n)
+            or value.dtype.is_floating_point or value.dtype == torch.bool or value.is_complex()):
+        got = f"{value.dtype} {list(value.shape)}" if isinstance(value, Tensor) else type(value).__name__
+        raise ValueError(f"value: expected integer {what} of shape [..., B, N] = [..., {batch}, {n}], got {got}")
+    inside = prefix_mask(lengths.to(value.device), n)  # [B, n]
     tags = torch.where(inside, value, 0)
     if bool(((tags < 0) | (tags >= classes)).any()):
-        raise ValueError(f"value: tags must lie in 0..{classes - 1} within each length, got {value[inside.expand_as(value)].unique().tolist()}")
+        raise ValueError(f"value: {what} must lie in 0..{classes - 1} within each length, got {value[inside.expand_as(value)].unique().tolist()}")
     return tags
 
 

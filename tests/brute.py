@@ -200,7 +200,7 @@ def assert_queries_match(d, q, enums: list[Enumeration], q_enums: list[Enumerati
     assert_close(d.topk_scores(3), torch.stack([e.topk_scores(3) for e in enums], 1))
     assert_close(d.entropy(), stack(lambda e: e.entropy))
     assert_close(d.kl(q), torch.stack([e.kl(f) for e, f in zip(enums, q_enums)]))
-    values, valid = d.enumerate_support()
+    values, valid = d.enumerate_structures()
     for b, e in enumerate(enums):
         assert as_multiset(values[valid[:, b], b]) == e.support()
         if e.count:

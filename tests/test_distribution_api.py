@@ -109,7 +109,7 @@ def test_topk_are_the_k_best_distinct_structures(case):
 
 @per_case
 def test_enumerate_support_is_every_structure(case):
-    values, valid = dist(case).enumerate_support()
+    values, valid = dist(case).enumerate_structures()
     for b, e in enumerate(problem(case).enums):
         assert as_multiset(values[valid[:, b], b]) == e.support()
         assert (values[~valid[:, b], b] == 0).all()
@@ -322,7 +322,7 @@ def test_an_empty_batch_answers_every_query_with_empty_results(family):
         assert parts.shape == theta.shape
     assert d.sample((3,)).shape == (3, *theta.shape)
     assert d.topk(2).shape == (2, *theta.shape)
-    values, valid = d.enumerate_support()
+    values, valid = d.enumerate_structures()
     assert values.shape[1:] == theta.shape and valid.shape[1] == 0
     assert d.log_prob(d.argmax).shape == (0,)
     (g,) = torch.autograd.grad(d.log_partition.sum(), theta)
@@ -429,7 +429,7 @@ def test_nothing_left_gives_minus_inf_zero_marginals_and_no_nan(family):
     for zero in (d.marginals, d.argmax, d.topk(2).transpose(0, 1), d.sample((3,)).transpose(0, 1)):
         assert (zero[0] == 0).all()
     assert (d.topk_scores(2)[:, 0] == -math.inf).all()
-    values, valid = d.enumerate_support()
+    values, valid = d.enumerate_structures()
     assert not valid[:, 0].any()
     for result in (d.marginals, d.argmax, d.entropy(), d.cross_entropy(q), d.kl(q), q.kl(d), q.cross_entropy(d),
                    d.log_prob(d.sample((3,))), d.topk(2), d.sample((3,)), d.expected_score(theta.nan_to_num()),

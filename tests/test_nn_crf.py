@@ -91,14 +91,16 @@ def test_padding_is_ignored_whatever_it_holds():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda c, e, t, m: c(e[..., :2], t, m), "emissions: expected shape"),
-    (lambda c, e, t, m: c(e, t[:2], m), "tags: expected the shape"),
+    (lambda c, e, t, m: c(e[..., :2], t, m), "emissions: expected last dimension of emissions is 3, got 2"),
+    (lambda c, e, t, m: c(e[0], t, m), "emissions: emissions must have dimension of 3"),
+    (lambda c, e, t, m: c(e[:0], t[:0], m[:0]), r"emissions: expected seq_len >= 1"),
+    (lambda c, e, t, m: c(e, t[:2], m), "tags: the first two dimensions of emissions and tags must match"),
     (lambda c, e, t, m: c(e, t.float(), m), "tags: expected an integer"),
     (lambda c, e, t, m: c(e, t + 5, m), "tags: expected tags in"),
     (lambda c, e, t, m: c(e, t, m.float()), "mask: expected a bool"),
-    (lambda c, e, t, m: c(e, t, m[:2]), "mask: expected shape"),
-    (lambda c, e, t, m: c(e, t, m.flip(0)), "mask: expected each row.s True entries to be a prefix"),
-    (lambda c, e, t, m: c(e, t, m, reduction="avg"), "reduction: expected one of"),
+    (lambda c, e, t, m: c(e, t, m[:2]), "mask: the first two dimensions of emissions and mask must match"),
+    (lambda c, e, t, m: c(e, t, ~m), "mask: mask of the first timestep must all be on"),
+    (lambda c, e, t, m: c(e, t, m, reduction="avg"), "reduction: invalid reduction: avg"),
 ])
 def test_bad_input_raises_naming_the_argument(call, match):
     crf, emissions, tags, mask, _ = problem(False)

@@ -128,7 +128,7 @@ def test_every_query_matches_enumeration(single_root, n, scale):
         assert_close(d.log_prob(heads)[:, b].exp().sum(), torch.tensor(1.0, dtype=torch.float64))
     topk = d.topk(2)
     assert_close(d.score(topk[0]), d.max)
-    values, valid = d.enumerate_support()
+    values, valid = d.enumerate_structures()
     assert values.shape[0] == count and bool(valid.all())
     assert_close(torch.logsumexp(d.score(values), 0), d.log_partition)
 
@@ -494,7 +494,7 @@ def test_kl_between_root_modes_is_infinite_only_where_p_has_mass_outside_q(cls):
     theta, other = (torch.randn(3, 5, 5, generator=g, dtype=torch.float64) for _ in range(2))
     lengths = torch.tensor([4, 1, 3])
     single, multi = cls(theta, lengths, single_root=True), cls(other, lengths)
-    values, valid = single.enumerate_support()
+    values, valid = single.enumerate_structures()
     p = single.log_prob(values).exp() * valid
     expected = (p * (single.log_prob(values) - multi.log_prob(values)).masked_fill(~valid, 0)).sum(0)
     assert_close(single.kl(multi), expected)
@@ -520,7 +520,7 @@ def test_an_empty_batch_answers_every_query_with_empty_results(single_root):
     for value in (d.log_partition, d.max, d.count, d.entropy()):
         assert value.shape == (0,)
     assert d.marginals.shape == d.argmax.shape == d.sample((2,)).shape[1:] == (0, 5, 5)
-    values, valid = d.enumerate_support()
+    values, valid = d.enumerate_structures()
     assert values.shape[1:] == (0, 5, 5) and valid.shape[1] == 0
 
 

@@ -104,7 +104,7 @@ def test_pcfg_equals_enumeration_of_every_tree(lengths):
 def test_pcfg_support_samples_and_expected_rules():
     terms, rules, roots = grammar(N=3, T=2)
     d = PCFG(terms, rules, roots)
-    values, valid = d.enumerate_support()
+    values, valid = d.enumerate_structures()
     assert valid.sum(0).tolist() == d.count.tolist()
     assert_close((d.log_prob(values).exp() * valid).sum(0), torch.ones(2, dtype=torch.float64))
     samples = d.sample((4000,))
@@ -182,7 +182,7 @@ def test_tdpcfg_equals_enumeration_of_every_derivation():
         assert_close(td.marginals[b], e.marginals)
         assert_close(td.max[b], e.scores.max())
         assert_close(td.log_prob(e.charts.unsqueeze(1).expand(-1, B, -1, -1, -1))[:, b], e.log_probs)
-    values, valid = td.enumerate_support()
+    values, valid = td.enumerate_structures()
     assert_close((td.log_prob(values).exp() * valid).sum(0), torch.ones(B, dtype=torch.float64))
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from structures import ConstituencyCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF
+from structures import ConstituencyCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF, SemiMarkovCRF
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
 PEERS = {"torch-struct": "torch_struct", "pytorch-crf": "torchcrf"}
@@ -68,3 +68,36 @@ def test_supar_layouts_convert_as_the_table_says():
     theirs = structs.ConstituencyCRF(spans, lengths)
     ours = ConstituencyCRF(spans[:, :-1, 1:, None], lengths)
     assert_close(ours.log_partition, theirs.log_partition)
+
+
+def semimarkov_marginals_in_torch_structs_layout(ours, x: torch.Tensor) -> torch.Tensor:
+    """Our marginals ``[B, j, k-1, y, c]`` as torch-struct's ``[B, start, k, c, y]``: a segment of
+    length k ending at j starts at j-k+1; a first segment's previous label, given the segment, is
+    distributed as the softmax of its scores over that label."""
+    mu = ours.marginals
+    B, N1, K, C, _ = x.shape
+    out = torch.zeros_like(x)
+    for j in range(N1):
+        for k in range(1, min(K, j + 2)):
+            start = j - k + 1
+            if start > 0:
+                out[:, start, k] = mu[:, j, k - 1].transpose(-1, -2)
+            else:
+                out[:, 0, k] = mu[:, j, k - 1, 0][:, :, None] * x[:, 0, k].softmax(-1)
+    return out
+
+
+def test_semimarkov_from_torch_struct_keeps_its_free_first_label():
+    """log Z and marginals of torch-struct's SemiMarkovCRF, run example by example: torch-struct 0.5
+    reads the shortest length of a batch for every example (a batch of lengths [6, 4] gives the
+    6-fencepost example a wrong log Z), so a batch of mixed lengths is compared one example at a time."""
+    torch_struct = pytest.importorskip("torch_struct")
+    x = torch.randn(2, 5, 4, 3, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    lengths = torch.tensor([6, 4])
+    ours = SemiMarkovCRF.from_torch_struct(x, lengths)
+    mu = semimarkov_marginals_in_torch_structs_layout(ours, x)
+    for b, n in enumerate(lengths.tolist()):
+        theirs = torch_struct.SemiMarkovCRF(x[b:b + 1, :n - 1].detach().clone().requires_grad_(), lengths=lengths[b:b + 1])
+        assert_close(ours.log_partition[b:b + 1], theirs.partition.detach())
+        assert_close(mu[b:b + 1, :n - 1], theirs.marginals)
+        assert (mu[b, n - 1:] == 0).all()

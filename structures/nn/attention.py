@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..emission import EmissionCRF
-from ..validation import blame_mask, lengths_of_mask, validating
+from ..validation import blame_mask, lengths_of_mask, prefix_mask, validating
 from .output import AttentionOutput
 
 
@@ -66,7 +66,7 @@ def position_mask(lengths: Tensor | None, batch: int, size: int, device: torch.d
     """``[B, N]`` bool: True at the real (non-padded) positions."""
     if lengths is None:
         return torch.ones(batch, size, dtype=torch.bool, device=device)
-    return torch.arange(size, device=device) < lengths.unsqueeze(-1)
+    return prefix_mask(lengths, size)
 
 
 class BilinearAttention(nn.Module):

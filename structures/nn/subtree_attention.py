@@ -80,4 +80,4 @@ class SubtreeAttention(nn.Module):
             gathered = gathered.index_add(0, up[has], r[has])
             rs.append(r)
             alphas.append(alpha)
-        return AttentionOutput(trees.by_word(rs), trees.by_word(alphas), None)
+        return AttentionOutput(trees.by_word(rs, memory.new_zeros(0, D)), trees.by_word(alphas, memory.new_zeros(0, N)), None)

@@ -38,11 +38,13 @@ class TreeLevels(NamedTuple):
     parent: Tensor
     roots: Tensor
 
-    def by_word(self, rows: list[Tensor]) -> Tensor:
-        """``[B, N, *]`` from per-level rows (``rows[i]`` for the words of ``levels[i]``), 0 at padding."""
+    def by_word(self, rows: list[Tensor], none: Tensor) -> Tensor:
+        """``[B, N, *]`` from per-level rows (``rows[i]`` for the words of ``levels[i]``), 0 at padding;
+        ``none [0, *]``: no rows, for the shape and type when there are none (an empty batch)."""
         B, N = self.roots.shape
-        flat = torch.cat(rows)
-        out = flat.new_zeros(B * N, *flat.shape[1:]).index_copy(0, torch.cat(self.levels), flat)
+        flat = torch.cat([none, *rows])
+        words = torch.cat([self.parent.new_zeros(0), *self.levels])
+        out = flat.new_zeros(B * N, *flat.shape[1:]).index_copy(0, words, flat)
         return out.view(B, N, *flat.shape[1:])
 
 
@@ -130,5 +132,5 @@ class TreeLSTM(nn.Module):
                 child_c = child_c.index_add(0, to, forget * c[has])
             hs.append(h)
             cs.append(c)
-        hidden = trees.by_word(hs)
-        return TreeStates(hidden, trees.by_word(cs), tree_roots(hidden, trees))
+        hidden = trees.by_word(hs, x.new_zeros(0, H))
+        return TreeStates(hidden, trees.by_word(cs, x.new_zeros(0, H)), tree_roots(hidden, trees))

@@ -22,6 +22,7 @@ from semiring.semirings import CountSemiring, KMax, LogSemiring, MaxSemiring, Re
 
 from ..base import Distribution, _eager, _inner, algorithm
 from ..trees import DependencyTrees, arcs
+from ..validation import prefix_mask
 from ._tree_autograd import LogPartition, Marginals
 from ._tree_count import count_trees
 from ._tree_partition import log_partition_and_marginals, masks
@@ -125,7 +126,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
         heads = max_arborescence(theta.detach(), lengths, self.single_root)
         score = self._score_trees(theta, heads, lengths)
         if self.single_root:  # where no single-root tree has a finite score, the best found has several root children
-            words = torch.arange(heads.shape[-1], device=heads.device) < lengths[:, None]
+            words = prefix_mask(lengths, heads.shape[-1])
             score = score.masked_fill(((heads == 0) & words).sum(-1) != 1, -math.inf)
         return score
 
@@ -185,10 +186,13 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
 
     # ------------------------------------------------------------------ trees
 
-    def enumerate_support(self, limit: int = 2_000_000) -> tuple[Tensor, Tensor]:
-        """Every tree of finite score (brute force over head assignments; ``(n+1)^n <= limit``):
-        ``(values [S, B, N+1, N+1], valid [S, B])``, trees of each example in lexicographic order of
-        their heads, slots past its count 0 and invalid."""
+    has_enumerate_support = True
+
+    def enumerate_structures(self, limit: int | None = None) -> tuple[Tensor, Tensor]:
+        """Every tree of finite score (brute force over head assignments; ``(n+1)^n <= limit``, default
+        2,000,000): ``(values [S, B, N+1, N+1], valid [S, B])``, trees of each example in
+        lexicographic order of their heads, slots past its count 0 and invalid."""
+        limit = 2_000_000 if limit is None else limit
         N = self.max_length
         lengths = self.lengths
         theta = self._theta.detach()

@@ -1,0 +1,121 @@
+"""Bad input gets a correct answer or a ValueError naming the argument (issue 34's fuzz findings):
+heads out of range, bool or of another batch for the dependency CRFs' ``log_prob``; lengths of
+every integer dtype and as a Python list; empty batches of the tree layers; no positions for the
+emission CRFs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from torch.testing import assert_close
+
+from brute import FAMILIES, random_lengths, random_potentials
+from structures import EmissionCRF, LinearChainCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF
+from structures.nn import CRF, SubtreeAttention, TreeLSTM
+
+N = 4
+TREES = {
+    "projective": lambda theta, **kw: ProjectiveDependencyCRF(theta, **kw),
+    "projective-single-root": lambda theta, **kw: ProjectiveDependencyCRF(theta, single_root=True, **kw),
+    "nonprojective": lambda theta, **kw: NonProjectiveDependencyCRF(theta, **kw),
+    "nonprojective-single-root": lambda theta, **kw: NonProjectiveDependencyCRF(theta, single_root=True, **kw),
+    "second-order": lambda theta, **kw: SecondOrderDependencyCRF(theta, torch.zeros(*theta.shape, theta.shape[-1], dtype=theta.dtype), **kw),
+}
+per_tree = pytest.mark.parametrize("make", TREES.values(), ids=TREES.keys())
+
+
+def is_tree(heads: list[int]) -> bool:
+    """Whether ``heads`` (word m's head at m-1, 0 the root) reach the root from every word without a cycle."""
+    for m in range(1, len(heads) + 1):
+        seen, h = set(), m
+        while h != 0:
+            if h in seen:
+                return False
+            seen.add(h)
+            h = heads[h - 1]
+    return True
+
+
+def crossing(heads: list[int]) -> bool:
+    arcs = [(min(h, m), max(h, m)) for m, h in enumerate(heads, 1)]
+    return any(a < c < b < d for a, b in arcs for c, d in arcs)
+
+
+@per_tree
+@pytest.mark.parametrize("bad, message", [
+    (lambda h: h.masked_fill(torch.arange(N) == 0, -1), r"value: heads must lie in 0\.\.4"),
+    (lambda h: h.masked_fill(torch.arange(N) == 0, N + 1), r"value: heads must lie in 0\.\.4"),
+    (lambda h: h.bool(), r"value: expected integer heads of shape \[\.\.\., B, N\] = \[\.\.\., 2, 4\], got torch.bool"),
+    (lambda h: h.float(), r"value: expected one-hot parts of shape"),
+    (lambda h: torch.cat([h, h]), r"value: expected integer heads of shape \[\.\.\., B, N\] = \[\.\.\., 2, 4\], got torch.int64 \[4, 4\]"),
+    (lambda h: h[:, :2], r"value: expected integer heads of shape"),
+], ids=["head -1", "head n+1", "bool", "float heads", "another batch", "too few words"])
+def test_heads_that_cannot_be_a_tree_are_a_value_error_naming_value(make, bad, message):
+    """(not a finite log-prob from heads clamped into range, nor a raw error)."""
+    d = make(torch.randn(2, N + 1, N + 1, dtype=torch.float64))
+    heads = torch.tensor([[0, 1, 2, 3], [2, 0, 2, 3]])
+    with pytest.raises(ValueError, match=message):
+        d.log_prob(bad(heads))
+
+
+@per_tree
+@settings(max_examples=25, deadline=None)
+@given(heads=st.lists(st.integers(-2, N + 2), min_size=N, max_size=N))
+def test_log_prob_of_any_heads_is_finite_exactly_for_a_tree_else_minus_inf_or_a_value_error(make, heads):
+    theta = torch.randn(1, N + 1, N + 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    d = make(theta)
+    value = torch.tensor([heads])
+    if not all(0 <= h <= N for h in heads):
+        with pytest.raises(ValueError, match="value: heads must lie in"):
+            d.log_prob(value)
+        return
+    tree = is_tree(heads) and not any(h == m for m, h in enumerate(heads, 1))
+    if not isinstance(d, NonProjectiveDependencyCRF):  # Eisner's trees (first and second order) do not cross
+        tree = tree and not crossing(heads)
+    if getattr(d, "single_root", False):
+        tree = tree and heads.count(0) == 1
+    assert bool(torch.isfinite(d.log_prob(value))) == tree
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.uint8, torch.int32], ids=str)
+def test_lengths_of_any_integer_dtype_are_the_long_lengths(family, dtype):
+    shape = max(family.shapes, key=math.prod)
+    g = torch.Generator().manual_seed(0)
+    theta = random_potentials(shape, 3, g)
+    lengths = random_lengths(3, family.max_length(shape), g)
+    want, got = family.cls(theta, lengths), family.cls(theta, lengths.to(dtype))
+    assert got.lengths.dtype == torch.long
+    assert_close(got.log_partition, want.log_partition)
+    assert_close(got.marginals, want.marginals)
+    assert_close(got.log_prob(got.argmax), want.log_prob(want.argmax))
+    assert_close(family.cls(theta, lengths.tolist()).log_partition, want.log_partition)  # a Python list
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
+@pytest.mark.parametrize("lengths, message", [
+    ([1.0, 2.0, 1.0], r"lengths: expected an integer tensor of shape \[B\] = \[3\], got torch.float32"),
+    ([1, 1], r"lengths: expected an integer tensor of shape \[B\] = \[3\], got torch.int64 \(2,\)"),
+], ids=["floats", "too few"])
+def test_lengths_as_a_bad_list_are_a_value_error_describing_them(family, lengths, message):
+    shape = max(family.shapes, key=math.prod)
+    with pytest.raises(ValueError, match=message):
+        family.cls(torch.zeros(3, *shape, dtype=torch.float64), lengths)
+
+
+def test_no_positions_is_a_value_error_naming_emissions():
+    for build in (lambda e: LinearChainCRF.from_emissions(e, torch.zeros(3, 3)),
+                  lambda e: EmissionCRF(e, torch.zeros(3, 3)),
+                  lambda e: CRF(3, batch_first=True)(e, torch.zeros(2, 0, dtype=torch.long))):
+        with pytest.raises(ValueError, match=r"^emissions: "):
+            build(torch.zeros(2, 0, 3))
+
+
+def test_the_tree_layers_answer_an_empty_batch_with_empty_outputs():
+    states = TreeLSTM(4, 5)(torch.randn(0, 3, 4), torch.zeros(0, 3, dtype=torch.long))
+    assert [tuple(s.shape) for s in states] == [(0, 3, 5), (0, 3, 5), (0, 5)]
+    out = SubtreeAttention(4, 6)(torch.randn(0, 3, 4), torch.randn(0, 2, 6), torch.zeros(0, 2, dtype=torch.long))
+    assert tuple(out[0].shape) == (0, 2, 4) and tuple(out[1].shape) == (0, 2, 3)
