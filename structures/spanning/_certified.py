@@ -1,4 +1,4 @@
-"""The certified fast path of :mod:`structures._tree_partition`: the matrix-tree theorem with LAPACK
+"""The certified fast path of :mod:`structures.spanning._tree_partition`: the matrix-tree theorem with LAPACK
 in float64 and an a-posteriori bound of its error.
 
 Input: column-shifted arc weights in ``[0, 1]``, 0 where an arc does not exist, and which words
@@ -6,7 +6,7 @@ are real (padding words are isolated, hanging from the root with weight 1): ``W 
 (``W[b, h, m]``, row 0 the root) for :func:`marginals`; the words' block transposed and the
 root's row apart for :func:`log_partition`. Each function returns ``ok [B]``: where the bound
 certifies that every answer is within ``TOL`` (absolute) of the exact value; elsewhere the caller
-moves on to the exact subtraction-free path (:mod:`structures._matrix_tree`).
+moves on to the exact subtraction-free path (:mod:`structures.spanning._matrix_tree`).
 
 LU of a column diagonally dominant M-matrix without row exchanges has backward error
 ``|E| <= γ |L||U|`` with ``γ = 4 n u`` (Higham, Thm. 9.3 and 8.5), and every solve with the factors

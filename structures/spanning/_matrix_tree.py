@@ -1,4 +1,4 @@
-"""Exact, subtraction-free matrix-tree computations (the exact path of :mod:`structures._tree_partition`).
+"""Exact, subtraction-free matrix-tree computations (the exact path of :mod:`structures.spanning._tree_partition`).
 
 Graph convention: words ``0..n-1`` (here 0-based), ``A[b, h, m] >= 0`` the weight of the arc
 head ``h`` -> modifier ``m`` (zero diagonal), ``g[b, m] >= 0`` the *margin* of word ``m`` (its

@@ -1,4 +1,4 @@
-"""The derivatives of :mod:`structures._tree_partition`'s log-partition and marginals: autograd
+"""The derivatives of :mod:`structures.spanning._tree_partition`'s log-partition and marginals: autograd
 functions whose gradient of log Z is the exact marginals and whose backward of the marginals is
 the Hessian-vector product ``H G``.
 

@@ -19,12 +19,12 @@ the same constant (every word has exactly one head), so the arc weights ``W = ex
    of ``|L||U|`` and the row maxima and absorption times of ``X``. On the CPU, where the optional
    extension is built, the whole batch is one C call (``_matrix_tree_c.c``: the same factorization
    and bound, each example at its own length); elsewhere torch and LAPACK
-   (:mod:`structures._certified`). ``log Z`` alone (``log_partition`` of potentials that do not
+   (:mod:`structures.spanning._certified`). ``log Z`` alone (``log_partition`` of potentials that do not
    require grad; otherwise the backward will want the marginals, computed with it) needs no
    inverse: in C, the subtraction-free elimination of step 2 one word at a time, exact without a
    certificate; in torch, the factors, one solve and a bound on ``diag X`` from ``U``. At large
    score scales the pivots cancel, the bound explodes, and the example moves on:
-2. **Exact path** (:mod:`structures._matrix_tree`): subtraction-free elimination
+2. **Exact path** (:mod:`structures.spanning._matrix_tree`): subtraction-free elimination
    (Grassmann–Taksar–Heyman) in float64, blocked, with the marginals from leave-one-out
    eliminations instead of Koo's cancelling difference; every quantity is a sum of products of
    non-negative numbers, so the relative error is a small multiple of ``n u`` whatever the scale.
@@ -300,7 +300,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
 def _fast(x: Tensor, single_root: bool, marginals: bool,
           masks_: tuple[Tensor | None, Tensor | None]) -> tuple[Tensor, Tensor | None, Tensor]:
     """``(log Z [B], μ or None, ok [B])`` of every example by the certified fast path in torch
-    (:mod:`structures._certified`), ``ok`` where it is certified; ``masks_``: :func:`_masks`."""
+    (:mod:`structures.spanning._certified`), ``ok`` where it is certified; ``masks_``: :func:`_masks`."""
     B, N1, _ = x.shape
     N = N1 - 1
     valid, real = masks_
@@ -387,7 +387,7 @@ def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool)
     """``(log Z [B], μ [B, N+1, N+1] or None, ok [B])`` on the CPU by the C extension
     (``_matrix_tree_c.c``), every example at its own length: log Z alone by the subtraction-free
     elimination (exact at any scale, no certificate), with the marginals by the certified path of
-    :mod:`structures._certified` (the same factorization and bound); not ok where that bound does not
+    :mod:`structures.spanning._certified` (the same factorization and bound); not ok where that bound does not
     certify, where a pivot underflows or no tree exists, or for NaN or +inf scores."""
     B, N1, _ = x.shape
     t = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)

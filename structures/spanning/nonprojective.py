@@ -3,10 +3,10 @@ structured attention of Bisk & Tran 2018 and Liu & Lapata 2018).
 
 Not a dynamic program: the class registers one algorithm per semiring (Log, Real, Max, KMax,
 Sampled, Count; :func:`structures.base.algorithm`). Its numerics live beside it: log Z and
-marginals exactly at any score scale in :mod:`structures._tree_partition` (over
-:mod:`structures._certified` and :mod:`structures._matrix_tree`), their derivatives in
-:mod:`structures._tree_autograd`, the number of trees in :mod:`structures._tree_count`; the best,
-k best and sampled trees in :mod:`structures.decode`.
+marginals exactly at any score scale in :mod:`structures.spanning._tree_partition` (over
+:mod:`structures.spanning._certified` and :mod:`structures.spanning._matrix_tree`), their derivatives in
+:mod:`structures.spanning._tree_autograd`, the number of trees in :mod:`structures.spanning._tree_count`; the best,
+k best and sampled trees in :mod:`structures.spanning.decode`.
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
 
     Algorithms (not a dynamic program: one registered per semiring, see :attr:`algorithms`):
     log-partition and marginals by the matrix-tree theorem, exactly at any score scale
-    (:mod:`structures._tree_partition`); the best and k best trees by Chu-Liu-Edmonds / Camerini
-    et al. (:mod:`structures.decode.arborescence`); exact samples by Wilson's algorithm or
-    sequential conditioning (:mod:`structures.decode.sampling`); the number of trees by the
+    (:mod:`structures.spanning._tree_partition`); the best and k best trees by Chu-Liu-Edmonds / Camerini
+    et al. (:mod:`structures.spanning.decode.arborescence`); exact samples by Wilson's algorithm or
+    sequential conditioning (:mod:`structures.spanning.decode.sampling`); the number of trees by the
     matrix-tree theorem on the allowed arcs (exact integers below 2**53).
     """
 
