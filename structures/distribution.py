@@ -23,7 +23,22 @@ from .base import Distribution, _eager, as_given, constant, leaf, recording
 from .validation import Lengths, check_integers, check_shape, check_tags, validating
 
 # the checks' former home: structures written against it import them from here
-__all__ = ["StructuredDistribution", "Lengths", "check_integers", "check_shape", "check_tags", "validating"]
+__all__ = ["StructuredDistribution", "LazyProgram", "Lengths", "check_integers", "check_shape", "check_tags", "validating"]
+
+
+class LazyProgram:
+    """A class attribute ``program = LazyProgram(text)``: the program, compiled when first read rather
+    than when its module is imported (the levels of a large program take a second to find, and
+    ``import structures`` would pay that for every structure whether used or not)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self._program: Program | None = None
+
+    def __get__(self, obj: object, owner: type | None = None) -> Program:
+        if self._program is None:
+            self._program = sr.program(self.text)
+        return self._program
 
 
 class StructuredDistribution(Distribution):

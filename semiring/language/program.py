@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..eager import eager
 from ..semirings import Log, Semiring
 from .autodiff import Tape
 from .execute import Run, native
@@ -143,7 +144,7 @@ class Program:
     def _line(self, number: int) -> str:
         return self.text.splitlines()[number - 1] if number else ""
 
-    @torch.compiler.disable  # host-side arithmetic on sizes: never traced into a compiled graph
+    @eager  # host-side arithmetic on sizes: never traced into a compiled graph
     def plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
         """The plan at these input sizes; the last ``PLANS`` are kept."""
         key = tuple(sorted(shapes.items()))
