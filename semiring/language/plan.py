@@ -571,6 +571,11 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
                          and all((g.add(o, -1).low(sizes) >= 0).all() for o in relational if o is not g)), Expr({}, lo))
             tops = [Expr({}, hi)] + [to_expr(r) for r, a in upper if a == 1 and set(dict(r.coeffs)) - {TAU}]
             span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
+            if j < len(head_vars) and base.coeffs and (base.high(sizes) + span > hi).any():
+                # A stripe of a head variable would write past its range (a triangle of two head
+                # variables, ``s <= t``, sheared into a parallelogram): its range, and a mask, instead.
+                base = Expr({}, lo)
+                span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
             sizes.append(np.maximum(span + 1, 0))
             value[v] = base.add(Expr({j: 1}, np.zeros_like(taus)))
     except Infeasible:
