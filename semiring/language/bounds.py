@@ -224,4 +224,6 @@ def extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spac
                 out.setdefault(c, Space([0] * len(h), [-1] * len(h)))
             return out
     feeds_itself = [r for r in grown if any(t.name == r.head.name for t in r.terms)]
-    raise (feeds_itself or grown)[0].error("cannot bound the index arithmetic of this rule: its chart grows without limit")
+    rule = (feeds_itself or grown)[0]
+    raise rule.error(f"cannot bound the index arithmetic of this rule: chart {rule.head.name!r} grows without limit "
+                     "(no input's shape, 'for' range or condition bounds the items it writes)")

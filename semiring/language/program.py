@@ -18,8 +18,8 @@ from .execute import Run, native
 from .factor import eliminate, factor
 from .fuse import fuse
 from .levels import find_levels
-from .plan import Plan, Unsupported, build, layouts, summed_variables
-from .syntax import GOAL, Affine, ProgramError, Rule, Term, parse
+from .plan import Plan, build, layouts, summed_variables
+from .syntax import GOAL, Affine, ProgramError, Rule, Term, check_base_cases, parse
 
 
 PLANS = 32  # plans kept per program (one per set of input sizes)
@@ -61,6 +61,7 @@ class Program:
         levels = find_levels(self.rules, self.syntax)
         if levels is None:
             raise self._cycle()
+        check_base_cases(self.syntax.rules)
         self.levels = levels
         charts = {r.head.name: len(r.head.indices) for r in self.rules}
         self._layouts = layouts(self.rules, charts, {i: summed_variables(r) for i, r in enumerate(self.rules)})
@@ -151,12 +152,9 @@ class Program:
         if key in self._plans:
             self._plans.move_to_end(key)
             return self._plans[key]
-        try:
-            with _no_collection():
-                plan = build(self.rules, self.syntax, self.levels, dict(shapes), self._layouts)
-                fuse(plan)
-        except Unsupported as e:
-            raise ProgramError(str(e)) from None
+        with _no_collection():
+            plan = build(self.rules, self.syntax, self.levels, dict(shapes), self._layouts)
+            fuse(plan)
         self._plans[key] = plan
         if len(self._plans) > PLANS:
             self._plans.popitem(last=False)
