@@ -261,6 +261,47 @@ def test_the_eliminated_pcfg_equals_the_hand_factored_one_at_every_length(N):
     assert_close(got, sr.program(PCFG_BY_HAND)(sr.Log, lengths=lengths, term=term, rule=rule))
 
 
+# ---------------------------------------------------------------- a call validates like a structure does
+
+CHAIN = """
+alpha[0, c]  = 1
+alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]
+goal        += alpha[n-1, c]
+"""
+
+
+def test_nan_potentials_are_refused_naming_the_input():
+    edge = torch.randn(2, 4, 3, 3)
+    edge[1, 2, 0, 1] = math.nan
+    for semiring in (sr.Log, sr.Max):
+        with pytest.raises(ValueError, match="edge: contains NaN"):
+            sr.program(CHAIN)(semiring, edge=edge)
+
+
+def test_a_batch_of_no_examples_is_refused_naming_the_input():
+    with pytest.raises(ValueError, match="edge: a batch of 0 examples"):
+        sr.program(CHAIN)(sr.Log, edge=torch.zeros(0, 4, 3, 3))
+
+
+@pytest.mark.parametrize("given", [[5, 2], torch.tensor([5, 2], dtype=torch.int8), torch.tensor([5, 2], dtype=torch.int16),
+                                   torch.tensor([5, 2], dtype=torch.uint8), torch.tensor([5, 2], dtype=torch.int32)],
+                         ids=["list", "int8", "int16", "uint8", "int32"])
+def test_lengths_as_a_list_or_a_small_integer_dtype_read_as_int64(given):
+    """Each example's log Z equals that of the example alone, cut to its length (uint8 is no mask)."""
+    edge = torch.randn(2, 4, 3, 3, dtype=torch.float64)
+    chain = sr.program(CHAIN)
+    alone = [chain(sr.Log, edge=edge[b:b + 1, :n - 1]) for b, n in enumerate([5, 2])]
+    assert_close(chain(sr.Log, lengths=given, edge=edge), torch.cat(alone))
+
+
+@pytest.mark.parametrize("shape", [(5, 4), (4, 5)])
+def test_a_non_square_input_where_the_rules_need_a_square_one_is_refused(eisner, shape):
+    """Eisner reads arc[s, t] and arc[t, s] into the same items: a non-square arc would drop trees."""
+    with pytest.raises(ValueError, match="input 'arc' .* chart 'I' .* square input\\): got"):
+        eisner(sr.Count, arc=torch.zeros(1, *shape))
+    assert eisner(sr.Count, arc=torch.zeros(1, 5, 5)).item() == 55  # the 4-word projective trees
+
+
 # ---------------------------------------------------------------- several lengths
 
 ALIGNMENT = """
