@@ -90,8 +90,8 @@ def _elimination(rule: Rule) -> tuple[Rule, Rule] | None:
 
 def _confined(rule: Rule, v: str, keep: set[str]) -> tuple[Cond, ...]:
     """The rule's constraints on the sub-sum's free variables alone (``for w in u..v-1`` as ``w >= u
-    and w <= v-1``): the sub-sum is read only where they hold, and where no input bounds its items
-    (``_part0[s, t, u, v, w] += X[s, k, u, w] * X[k+1, t, w+1, v]``) they are what bounds them."""
+    and w <= v-1``): the sub-sum is read only where they hold, so its items elsewhere are never
+    computed (``_part0[s, t, u, v, w] += X[s, k, u, w] * X[k+1, t, w+1, v]`` only for ``u <= w < v``)."""
     out = [c for c in rule.conds if v not in c.variables and c.variables <= keep]
     for r in rule.ranges:
         if r.var != v and r.var in keep and (r.lo.variables | r.hi.variables) <= keep:
