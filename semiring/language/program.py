@@ -124,9 +124,6 @@ class Program:
             shapes[name] = tuple(x.shape[1:])
         self._check_shared_indices(shapes)
         self._check_transposed(shapes)
-        if batch == 0:
-            raise ValueError(f"{next(n for n in inputs if inputs[n].shape[0] == 0)}: a batch of 0 examples; "
-                             "a program runs on at least one")
         return (batch or 0), shapes
 
     def _check_transposed(self, shapes: dict[str, tuple[int, ...]]) -> None:
@@ -238,6 +235,9 @@ class Program:
 
     def __call__(self, semiring: Semiring = Log, lengths: Tensor | None = None, **inputs: Tensor) -> Tensor:
         batch, shapes = self.shapes(inputs)
+        if batch == 0:
+            raise ValueError(f"{next(n for n in inputs if inputs[n].shape[0] == 0)}: a batch of 0 examples; "
+                             "a program runs on at least one")
         lengths = self.check_lengths(lengths, batch, shapes)
         raw = [inputs[name] for name in self.inputs]
         for name, x in zip(self.inputs, raw):
