@@ -18,6 +18,7 @@ from torch import Tensor
 
 import semiring as sr
 from semiring import Program
+from semiring.language.program import no_examples
 
 from .base import Distribution, _eager, as_given, constant, leaf, recording
 from .validation import Lengths, check_integers, check_shape, check_tags, validating
@@ -163,9 +164,8 @@ class StructuredDistribution(Distribution):
         lengths = self._lengths if lengths is None else lengths
         semiring.prepare(list(inputs.values()))
         rows = inputs[self._input].shape[0]
-        if rows == 0:  # an empty batch: nothing to run; ``[*components, 0]``, a function of the inputs
-            tie = sum(x.sum() for x in inputs.values() if x.dtype.is_floating_point)
-            return semiring.zero((0,), inputs[self._input]) + 0 * tie
+        if rows == 0:
+            return no_examples(semiring, [inputs[self._input], *(x for n, x in inputs.items() if n != self._input)])
         elements = {name: semiring.convert(x) for name, x in inputs.items()}
         return self.program.run(semiring, {**elements, **self._lookups_for(rows)}, lengths, rows, self._shapes)
 

@@ -235,15 +235,14 @@ class Program:
 
     def __call__(self, semiring: Semiring = Log, lengths: Tensor | None = None, **inputs: Tensor) -> Tensor:
         batch, shapes = self.shapes(inputs)
-        if batch == 0:
-            raise ValueError(f"{next(n for n in inputs if inputs[n].shape[0] == 0)}: a batch of 0 examples; "
-                             "a program runs on at least one")
         lengths = self.check_lengths(lengths, batch, shapes)
         raw = [inputs[name] for name in self.inputs]
         for name, x in zip(self.inputs, raw):
             if x.is_floating_point() and bool(torch.isnan(x.detach()).any()):
                 raise ValueError(f"{name}: contains NaN (potentials are log-scores; -inf forbids a part)")
         semiring.prepare(raw)
+        if batch == 0:
+            return no_examples(semiring, raw)
         elements = {name: semiring.convert(x) for name, x in zip(self.inputs, raw)}
         elements.update({name: inputs[name] for name in self.lookups})
         for name, top in self.plan(shapes).looked_up.items():
@@ -260,6 +259,13 @@ class Program:
             lengths = {self.syntax.lengths[0]: lengths}
         run = Run(self.plan(shapes), semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
         return Tape.apply(run, *elements.values())
+
+
+def no_examples(semiring: Semiring, inputs: list[Tensor]) -> Tensor:
+    """The value of a batch of no examples, ``[*components, 0]``: nothing to run, but a function of
+    the (empty) inputs, so that differentiating it gives their (empty) gradients."""
+    tie = sum(x.sum() for x in inputs if x.dtype.is_floating_point)
+    return semiring.zero((0,), inputs[0]) + 0 * tie
 
 
 def _plain(ix) -> bool:
