@@ -241,7 +241,7 @@ class Program:
             if x.is_floating_point() and bool(torch.isnan(x.detach()).any()):
                 raise ValueError(f"{name}: contains NaN (potentials are log-scores; -inf forbids a part)")
         semiring.prepare(raw)
-        if batch == 0:
+        if batch == 0 and raw:
             return no_examples(semiring, raw)
         elements = {name: semiring.convert(x) for name, x in zip(self.inputs, raw)}
         elements.update({name: inputs[name] for name in self.lookups})
