@@ -40,12 +40,13 @@ import torch
 from torch import Tensor
 
 import semiring as sr
+from semiring.eager import eager
 
 from .validation import Lengths, as_lengths, blame_mask, check_lengths, check_sample_shape, check_shape, lengths_of_mask, validated, validating
 
 # The structures' algorithms run eagerly inside a compiled model (a graph break): their marginals
 # are a gradient taken inside the forward, and AOTAutograd supports no double backward through it.
-_eager = torch.compiler.disable
+_eager = eager
 
 Method = TypeVar("Method", bound=Callable)
 

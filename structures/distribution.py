@@ -18,12 +18,28 @@ from torch import Tensor
 
 import semiring as sr
 from semiring import Program
+from semiring.language.program import no_examples
 
 from .base import Distribution, _eager, as_given, constant, leaf, recording
 from .validation import Lengths, check_integers, check_shape, check_tags, validating
 
 # the checks' former home: structures written against it import them from here
-__all__ = ["StructuredDistribution", "Lengths", "check_integers", "check_shape", "check_tags", "validating"]
+__all__ = ["StructuredDistribution", "LazyProgram", "Lengths", "check_integers", "check_shape", "check_tags", "validating"]
+
+
+class LazyProgram:
+    """A class attribute ``program = LazyProgram(text)``: the program, compiled when first read rather
+    than when its module is imported (the levels of a large program take a second to find, and
+    ``import structures`` would pay that for every structure whether used or not)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self._program: Program | None = None
+
+    def __get__(self, obj: object, owner: type | None = None) -> Program:
+        if self._program is None:
+            self._program = sr.program(self.text)
+        return self._program
 
 
 class StructuredDistribution(Distribution):
@@ -148,9 +164,8 @@ class StructuredDistribution(Distribution):
         lengths = self._lengths if lengths is None else lengths
         semiring.prepare(list(inputs.values()))
         rows = inputs[self._input].shape[0]
-        if rows == 0:  # an empty batch: nothing to run; ``[*components, 0]``, a function of the inputs
-            tie = sum(x.sum() for x in inputs.values() if x.dtype.is_floating_point)
-            return semiring.zero((0,), inputs[self._input]) + 0 * tie
+        if rows == 0:
+            return no_examples(semiring, [inputs[self._input], *(x for n, x in inputs.items() if n != self._input)])
         elements = {name: semiring.convert(x) for name, x in inputs.items()}
         return self.program.run(semiring, {**elements, **self._lookups_for(rows)}, lengths, rows, self._shapes)
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 import semiring
 
-from .distribution import StructuredDistribution
+from .distribution import LazyProgram, StructuredDistribution
 from .validation import check_shape
 
 # The chart's label dimension is K = max(NT, T, R), not NT or T: the rules read it through the charts
@@ -53,7 +53,7 @@ _PCFG = semiring.program("""
 
 # rule[a, b, c] = ⊕_r u[a, r] ⊗ v[b, r] ⊗ w[c, r]: each side of a split is first summed into rank space
 # (L, R), so that a span costs O(width · R), not O(NT^3).
-_TDPCFG = semiring.program("""
+_TDPCFG = LazyProgram("""
     P[s, p]     = span[s, s, p]
     C[s, t, a]  = span[s, t, a]
     H[s, t, r]  = span[t, s, r]

@@ -56,12 +56,21 @@ ERRORS = [
     ("cycle read by an earlier rule", ["goal += x[n-1]", "x[i] = a[i]", "x[i] += y[i]", "y[i] += x[i]"], dict(a=a(3)),
      [(3, 1), (4, 1)], "depends on itself"),
     ("item defined only from itself", ["x[i] += x[i] * a[i]", "goal += x[n-1]"], dict(a=a(3)), (1, 1), "depends on itself"),
-    ("chart grows without limit", ["x[0] = 1", "x[i+1] += x[i]", "goal += x[n]"], dict(), (2, 1), "cannot bound"),
-    ("variable nothing bounds", ["x[i] = a[i] if j > i", "goal += x[n-1]"], dict(a=a(3)), (1, 1), "cannot bound the index variable 'j'"),
-    ("head index nothing bounds", ["x[i] = a[j]", "goal = x[n-1]"], dict(a=a(3)), (1, 1), "cannot bound the index variable 'i'"),
-    ("head index bounded only by its own chart", ["x[i] = a[i]", "y[i] += x[j]", "goal += y[n-1]"], dict(a=a(3)), (2, 1),
+    ("chart grows without limit", ["x[0] = 1", "x[i+1] += x[i]", "goal += x[n]"], dict(), (2, 1), "chart 'x' grows without limit"),
+    ("no base case", ["alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]", "goal += alpha[n-1, c]"], dict(edge=a(3, 2, 2)), (1, 1),
+     "no base case for chart 'alpha'"),
+    ("no base case through another chart", ["x[0] = a[0]", "y[i] += z[i-1]", "z[i] += y[i] * a[i]", "goal += x[n-1] * y[n-1]"],
+     dict(a=a(3)), (2, 1), "no base case for chart 'y'"),
+    ("a digit that is not ASCII", ["x[i] = a[i]", "y[i] += x[i-\u0661] * a[i]", "goal += y[n-1]"], dict(a=a(3)), (2, 13),
+     "'\u0661' is not an ASCII digit"),
+    ("a fullwidth digit", ["x[\uff10] = a[0]", "goal += x[n-1]"], dict(a=a(3)), (1, 3), "is not an ASCII digit"),
+    ("no program", ["  # a comment", ""], dict(), (1, 1), "a program needs at least one rule"),
+    ("for without a variable", ["x[i] = a[i] for 1 in 0..2", "goal += x[n-1]"], dict(a=a(3)), (1, 17), "expected a variable, found '1'"),
+    ("variable nothing bounds", ["x[i] = a[i] if j > i", "goal += x[n-1]"], dict(a=a(3)), (1, 16), "cannot bound the index variable 'j' of this rule for chart 'x'"),
+    ("head index nothing bounds", ["x[i] = a[j]", "goal = x[n-1]"], dict(a=a(3)), (1, 3), "cannot bound the index variable 'i'"),
+    ("head index bounded only by its own chart", ["x[i] = a[i]", "y[i] += x[j]", "goal += y[n-1]"], dict(a=a(3)), (2, 3),
      "cannot bound the index variable 'i'"),
-    ("summed variable nothing bounds", ["x[i] += a[i] for j in 0..k", "goal += x[n-1]"], dict(a=a(3)), (1, 1), "cannot bound the index variable"),
+    ("summed variable nothing bounds", ["x[i] += a[i] for j in 0..k", "goal += x[n-1]"], dict(a=a(3)), (1, 18), "cannot bound the index variable"),
     ("input of the wrong rank", ["x[i] = a[i]", "goal += x[n-1]"], dict(a=a(3, 3)), (1, 8), "needs shape [B, ?]"),
     ("input used with two ranks", ["x[i] = a[i]", "y[i] = a[i, i]", "goal += y[n-1]"], dict(a=a(3)), (2, 8), "input 'a'"),
     ("chart defined with two ranks", ["x[i] = a[i]", "x[i, j] += a[j]", "goal += x[n-1]"], dict(a=a(3)), (2, 1), "chart 'x'"),
@@ -250,6 +259,51 @@ def test_the_eliminated_pcfg_equals_the_hand_factored_one_at_every_length(N):
     got = sr.program(PCFG)(sr.Log, lengths=lengths, term=term, rule=rule)
     assert got.isfinite().all()
     assert_close(got, sr.program(PCFG_BY_HAND)(sr.Log, lengths=lengths, term=term, rule=rule))
+
+
+# ---------------------------------------------------------------- a call validates like a structure does
+
+CHAIN = """
+alpha[0, c]  = 1
+alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]
+goal        += alpha[n-1, c]
+"""
+
+
+def test_nan_potentials_are_refused_naming_the_input():
+    edge = torch.randn(2, 4, 3, 3)
+    edge[1, 2, 0, 1] = math.nan
+    for semiring in (sr.Log, sr.Max):
+        with pytest.raises(ValueError, match="edge: contains NaN"):
+            sr.program(CHAIN)(semiring, edge=edge)
+
+
+@pytest.mark.parametrize("semiring", [sr.Log, sr.KMax(3)], ids=str)
+def test_a_batch_of_no_examples_gives_no_values(semiring):
+    edge = torch.zeros(0, 4, 3, 3, requires_grad=True)
+    value = sr.program(CHAIN)(semiring, lengths=torch.zeros(0, dtype=torch.long), edge=edge)
+    assert value.shape == (*semiring.zero((), edge).shape, 0)
+    (grad,) = torch.autograd.grad(value.sum(), edge)
+    assert grad.shape == edge.shape
+
+
+@pytest.mark.parametrize("given", [[5, 2], torch.tensor([5, 2], dtype=torch.int8), torch.tensor([5, 2], dtype=torch.int16),
+                                   torch.tensor([5, 2], dtype=torch.uint8), torch.tensor([5, 2], dtype=torch.int32)],
+                         ids=["list", "int8", "int16", "uint8", "int32"])
+def test_lengths_as_a_list_or_a_small_integer_dtype_read_as_int64(given):
+    """Each example's log Z equals that of the example alone, cut to its length (uint8 is no mask)."""
+    edge = torch.randn(2, 4, 3, 3, dtype=torch.float64)
+    chain = sr.program(CHAIN)
+    alone = [chain(sr.Log, edge=edge[b:b + 1, :n - 1]) for b, n in enumerate([5, 2])]
+    assert_close(chain(sr.Log, lengths=given, edge=edge), torch.cat(alone))
+
+
+@pytest.mark.parametrize("shape", [(5, 4), (4, 5)])
+def test_a_non_square_input_where_the_rules_need_a_square_one_is_refused(eisner, shape):
+    """Eisner reads arc[s, t] and arc[t, s] into the same items: a non-square arc would drop trees."""
+    with pytest.raises(ValueError, match="input 'arc' .* chart 'I' .* square input\\): got"):
+        eisner(sr.Count, arc=torch.zeros(1, *shape))
+    assert eisner(sr.Count, arc=torch.zeros(1, 5, 5)).item() == 55  # the 4-word projective trees
 
 
 # ---------------------------------------------------------------- several lengths

@@ -12,7 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .factor import ELIMINATED_PREFIX, SUBSUM_PREFIX
 from .syntax import Affine, Const, Rule, Syntax, Term
+
+MADE = (ELIMINATED_PREFIX, SUBSUM_PREFIX)  # the charts the compiler makes (:mod:`.factor`)
 
 
 @dataclass
@@ -31,19 +34,33 @@ class Space:
         return math.prod(self.shape)
 
 
-def bounds(rule: Rule, shapes, extents: dict[str, Space], labels, head: bool = True) -> dict[str, tuple[float, float]]:
+def bounds(rule: Rule, shapes, extents: dict[str, Space], labels, head: bool = True,
+           demand: bool = False) -> dict[str, tuple[float, float]]:
     """Interval bounds of the rule's variables: by inputs, ranges and conditions first; by chart
     extents only where those leave a variable unbounded (so a chart's partial extent, while it is
-    still being found, never clips a rule that its inputs bound)."""
-    box = propagate(rule, constraints(rule, shapes, {}, labels))
-    if _bounded(box):
-        return box
-    box = propagate(rule, constraints(rule, shapes, extents, labels, head, open_growth=True))
+    still being found, never clips a rule that its inputs bound). With ``demand`` (a chart the
+    compiler made, read only by the rule it came from), by its head's extent before the extents of
+    the charts it reads."""
+    given = propagate(rule, constraints(rule, shapes, {}, labels))
+    if _bounded(given):
+        return given
+    # A variable the inputs bound keeps those bounds: a chart's extent, still growing while
+    # :func:`extents` sweeps, bounds only the others (``y`` in ``_part0[j, c, y] += alpha[j-k-1, y] *
+    # seg[j-1, k, c]``; clipping ``j`` to it too would grow ``alpha`` one segment per sweep).
+    frozen = {v for v, (lo, hi) in given.items() if math.isfinite(lo) and math.isfinite(hi)}
+    if demand and rule.head.name in extents:
+        # Its items are those its reader reads: the charts it reads must reach them (the ITG's
+        # ``_part0[s, t, u, v, w] += X[s, k, u, w] * X[k+1, t, w+1, v]`` reads the one-word spans
+        # ``X[s, s, u, u]``, which only such reads bound), not clip them.
+        box = _tighten(dict(given), constraints(rule, shapes, {rule.head.name: extents[rule.head.name]}, labels), frozen)
+        if _bounded(box):
+            return box
+    box = _tighten(dict(given), constraints(rule, shapes, extents, labels, head, open_growth=True), frozen)
     if _bounded(box):
         return box
     # Only its own chart bounds it (``x[i+1] += x[i]``): it grows one step per sweep, and
     # :func:`extents` reports a chart that never stops.
-    return propagate(rule, constraints(rule, shapes, extents, labels, head))
+    return _tighten(dict(given), constraints(rule, shapes, extents, labels, head), frozen)
 
 
 def _bounded(box: dict[str, tuple[float, float]]) -> bool:
@@ -115,11 +132,15 @@ def propagate(rule: Rule, cons) -> dict[str, tuple[float, float]]:
     return _tighten({v: (-math.inf, math.inf) for v in rule.variables}, cons)
 
 
-def _tighten(box: dict[str, tuple[float, float]], cons) -> dict[str, tuple[float, float]]:
+def _tighten(box: dict[str, tuple[float, float]], cons, frozen: frozenset[str] | set[str] = frozenset()
+             ) -> dict[str, tuple[float, float]]:
+    """``box`` narrowed by ``cons`` to a fixpoint, leaving the variables in ``frozen`` as they are."""
     for _ in range(100):
         changed = False
         for expr, lo, hi in cons:
             for v, a in expr.coeffs:
+                if v in frozen:
+                    continue
                 rest_lo = rest_hi = float(expr.const)
                 for u, b in expr.coeffs:
                     if u == v:
@@ -182,7 +203,7 @@ def extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spac
             # What a rule with a body writes is bounded by what it reads, not by the extent found so
             # far for its head: ``x[i+1] += x[i]`` grows ``x`` (and is reported), it is not clipped.
             reads = any(not t.is_one for t in rule.terms)
-            box = bounds(rule, shapes, boxes, labels, head=not reads)
+            box = bounds(rule, shapes, boxes, labels, head=not reads, demand=rule.head.name.startswith(MADE))
             for t in (rule.head, *rule.terms):
                 if t.is_one or t.name in shapes:
                     continue
@@ -203,4 +224,6 @@ def extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spac
                 out.setdefault(c, Space([0] * len(h), [-1] * len(h)))
             return out
     feeds_itself = [r for r in grown if any(t.name == r.head.name for t in r.terms)]
-    raise (feeds_itself or grown)[0].error("cannot bound the index arithmetic of this rule: its chart grows without limit")
+    rule = (feeds_itself or grown)[0]
+    raise rule.error(f"cannot bound the index arithmetic of this rule: chart {rule.head.name!r} grows without limit "
+                     "(no input's shape, 'for' range or condition bounds the items it writes)")

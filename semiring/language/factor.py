@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .syntax import Affine, Rule, Term
+from .syntax import Affine, Cond, Rule, Term
 
 SUBSUM_PREFIX = "_sum"
 ELIMINATED_PREFIX = "_part"
@@ -82,10 +82,22 @@ def _elimination(rule: Rule) -> tuple[Rule, Rule] | None:
     _, v, inner, ranges, conds, keep = best
     free = [u for u in dict.fromkeys(head_vars) if u in keep] + sorted(keep - set(head_vars), key=lambda u: str(rule).find(u))
     index = tuple(Affine(((u, 1),)) for u in free)
-    sub = Rule(Term("?", index), tuple(inner), tuple(ranges), tuple(conds), rule.line, rule.text)
+    sub = Rule(Term("?", index), tuple(inner), tuple(ranges), tuple(conds) + _confined(rule, v, keep), rule.line, rule.text)
     rest = Rule(rule.head, tuple(t for t in rule.terms if v not in t.variables),
                 tuple(r for r in rule.ranges if r.var != v), tuple(c for c in rule.conds if v not in c.variables), rule.line, rule.text)
     return sub, rest
+
+
+def _confined(rule: Rule, v: str, keep: set[str]) -> tuple[Cond, ...]:
+    """The rule's constraints on the sub-sum's free variables alone (``for w in u..v-1`` as ``w >= u
+    and w <= v-1``): the sub-sum is read only where they hold, so its items elsewhere are never
+    computed (``_part0[s, t, u, v, w] += X[s, k, u, w] * X[k+1, t, w+1, v]`` only for ``u <= w < v``)."""
+    out = [c for c in rule.conds if v not in c.variables and c.variables <= keep]
+    for r in rule.ranges:
+        if r.var != v and r.var in keep and (r.lo.variables | r.hi.variables) <= keep:
+            var = Affine(((r.var, 1),))
+            out += [Cond(var, ">=", r.lo), Cond(var, "<=", r.hi)]
+    return tuple(out)
 
 
 def factor(rules: list[Rule]) -> list[Rule]:

@@ -28,11 +28,7 @@ import numpy as np
 from .bounds import Space, bounds, constraints, extents, index_hull, label_dims, propagate
 from .levels import Levels, static_constraints
 from .polyhedra import TAU, Infeasible, affine, bounds_of, coeff, plus, project, scale, substitute
-from .syntax import GOAL, Affine, Const, Lookup, Rule, Syntax
-
-
-class Unsupported(Exception):
-    """The plan cannot express this program at these sizes (the caller falls back)."""
+from .syntax import GOAL, Affine, Const, Lookup, ProgramError, Rule, Syntax
 
 
 @dataclass
@@ -236,7 +232,7 @@ def summed_variables(rule: Rule) -> list[str]:
 
 def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, tuple[int, ...]],
           chart_layouts: dict[str, list[tuple[int, ...]]]) -> Plan:
-    """The plan at these input sizes (raises :class:`Unsupported` where it cannot express them)."""
+    """The plan at these input sizes (a ``ProgramError`` where it cannot express them)."""
     labels = label_dims(rules, syntax)
     boxes = extents(rules, syntax, shapes, labels)
     charts = {r.head.name: len(r.head.indices) for r in rules}
@@ -247,8 +243,7 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
             box = bounds(rule, shapes, {c: sp for c, sp in boxes.items() if c != rule.head.name}, labels)
             free = [v for v in sorted(rule.head.variables) if not all(map(math.isfinite, box[v]))]
             if free:
-                raise rule.error(f"cannot bound the index variable '{free[0]}': no input, chart extent, "
-                                 "'for' range or condition limits it", rule.head.col)
+                raise _unbounded(rule, free[0])
     boxes = _written(rules, syntax, shapes, boxes, labels)
     keys = {c: [c if k == 0 else f"{c}@{k}" for k in range(len(chart_layouts[c]))] for c in charts}
     stored = _stored(boxes)
@@ -533,7 +528,7 @@ def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
     except Infeasible:
         return np.zeros(0, dtype=np.int64)
     if taus is None:
-        raise sy.rule.error("cannot bound the level of this rule's items")
+        raise sy.rule.error(f"cannot bound the levels of the items of chart {sy.rule.head.name!r} this rule writes")
     return taus
 
 
@@ -562,7 +557,7 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
             proj = project(cons, {TAU, *order[: j + 1]})
             lo_n, hi_n = bounds_of(project(proj, {TAU, v}), v)
             if not lo_n or not hi_n:
-                raise rule.error(f"cannot bound the index variable '{v}': no input, chart extent, 'for' range or condition limits it")
+                raise _unbounded(rule, v)
             lo = np.max([_ceil(to_expr(r).const, a) for r, a in lo_n], axis=0)
             hi = np.min([_floor(to_expr(r).const, a) for r, a in hi_n], axis=0)
             lower, upper = bounds_of(proj, v)
@@ -571,6 +566,11 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
                          and all((g.add(o, -1).low(sizes) >= 0).all() for o in relational if o is not g)), Expr({}, lo))
             tops = [Expr({}, hi)] + [to_expr(r) for r, a in upper if a == 1 and set(dict(r.coeffs)) - {TAU}]
             span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
+            if j < len(head_vars) and base.coeffs and (base.high(sizes) + span > hi).any():
+                # A stripe of a head variable would write past its range (a triangle of two head
+                # variables, ``s <= t``, sheared into a parallelogram): its range, and a mask, instead.
+                base = Expr({}, lo)
+                span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
             sizes.append(np.maximum(span + 1, 0))
             value[v] = base.add(Expr({j: 1}, np.zeros_like(taus)))
     except Infeasible:
@@ -624,7 +624,8 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
     heads = [position(head, perm, key) for perm, key in zip(chart_layouts[head.name], keys[head.name])]
     keep = np.flatnonzero(fires)
     if any(h.gather[keep].any() or any(h.strides[n_free:]) for h in heads):
-        raise Unsupported(f"line {rule.line}: the items this rule writes do not form a box")
+        raise rule.error(f"the items of chart {head.name!r} this rule writes at one level do not form a box of indices "
+                         "(a level's items are written as one strided view): write it as rules whose items do")
     for rd in [*reads, *heads]:
         if rd is not None:
             rd.offset, rd.gather = rd.offset[keep], rd.gather[keep]
@@ -633,6 +634,11 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
     sizes = [s[keep] for s in sizes]
     needed = [e.low(sizes) < 0 if op == ">=" else (e.low(sizes) <= 0) & (e.high(sizes) >= 0) for e, op in masks]
     return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, masks, rule.outer, needed)
+
+
+def _unbounded(rule: Rule, var: str) -> ProgramError:
+    return rule.error(f"cannot bound the index variable '{var}' of this rule for chart {rule.head.name!r}: no input, "
+                      "chart extent, 'for' range or condition limits it", rule.column_of(var))
 
 
 def _ceil(x: np.ndarray, a: int) -> np.ndarray:

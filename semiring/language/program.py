@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..eager import eager
 from ..semirings import Log, Semiring
 from . import closure
 from .autodiff import Tape
@@ -18,8 +19,8 @@ from .execute import Run, native
 from .factor import eliminate, factor
 from .fuse import fuse
 from .levels import find_levels
-from .plan import Plan, Unsupported, build, layouts, summed_variables
-from .syntax import GOAL, Affine, ProgramError, Rule, Term, parse
+from .plan import Plan, build, layouts, summed_variables
+from .syntax import GOAL, Affine, ProgramError, Rule, Term, check_base_cases, parse
 
 
 PLANS = 32  # plans kept per program (one per set of input sizes)
@@ -61,6 +62,7 @@ class Program:
         levels = find_levels(self.rules, self.syntax)
         if levels is None:
             raise self._cycle()
+        check_base_cases(self.syntax.rules)
         self.levels = levels
         charts = {r.head.name: len(r.head.indices) for r in self.rules}
         self._layouts = layouts(self.rules, charts, {i: summed_variables(r) for i, r in enumerate(self.rules)})
@@ -125,7 +127,29 @@ class Program:
                                    first.line, first.col, self._line(first.line))
             shapes[name] = tuple(x.shape[1:])
         self._check_shared_indices(shapes)
+        self._check_transposed(shapes)
         return (batch or 0), shapes
+
+    def _check_transposed(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        """An input whose two dimensions index the same dimension of a chart, in two rules or two
+        terms (Eisner's ``arc[s, t]`` and ``arc[t, s]``), must have as many entries in both: a
+        non-square ``arc`` would silently drop the structures its smaller side cannot reach."""
+        seen: dict[tuple[str, int, str], tuple[int, int]] = {}  # (chart, dim, input) -> (input dim, size)
+        for rule in self.syntax.rules:
+            head = {ix.coeffs[0][0]: d for d, ix in enumerate(rule.head.indices) if _plain(ix)}
+            for t in rule.terms:
+                if t.name not in shapes:
+                    continue
+                plain = [ix.coeffs[0][0] if _plain(ix) else None for ix in t.indices]
+                for k, v in enumerate(plain):
+                    if v not in head or plain.count(v) > 1:  # a diagonal (``seg[j, j]``) is no transpose
+                        continue
+                    key = (rule.head.name, head[v], t.name)
+                    k0, size = seen.setdefault(key, (k, shapes[t.name][k]))
+                    if k0 != k and size != shapes[t.name][k]:
+                        raise rule.error(f"input {t.name!r} is read at index {head[v] + 1} of chart {rule.head.name!r} "
+                                         f"through its dimension {k0 + 1} and, here, its dimension {k + 1}, so both need "
+                                         f"as many entries (a square input): got {size} and {shapes[t.name][k]}", t.col)
 
     def _check_shared_indices(self, shapes: dict[str, tuple[int, ...]]) -> None:
         """Two inputs indexed by the same variable in one rule must agree on its size (their
@@ -147,19 +171,16 @@ class Program:
     def _line(self, number: int) -> str:
         return self.text.splitlines()[number - 1] if number else ""
 
-    @torch.compiler.disable  # host-side arithmetic on sizes: never traced into a compiled graph
+    @eager  # host-side arithmetic on sizes: never traced into a compiled graph
     def plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
         """The plan at these input sizes; the last ``PLANS`` are kept."""
         key = tuple(sorted(shapes.items()))
         if key in self._plans:
             self._plans.move_to_end(key)
             return self._plans[key]
-        try:
-            with _no_collection():
-                plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts)
-                fuse(plan)
-        except Unsupported as e:
-            raise ProgramError(str(e)) from None
+        with _no_collection():
+            plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts)
+            fuse(plan)
         self._plans[key] = plan
         if len(self._plans) > PLANS:
             self._plans.popitem(last=False)
@@ -177,7 +198,8 @@ class Program:
     def check_lengths(self, lengths, batch: int, shapes, values: bool = True):
         """Validate ``lengths``: None (every example at its largest lengths), a tensor ``[B]`` (the
         length ``n``; a program with lengths ``n`` and ``m`` needs a dict) or a dict from length
-        names to tensors ``[B]`` (a length not given is its largest). Returns it as given.
+        names to tensors ``[B]`` (a length not given is its largest). Returns it as given, a list as
+        a tensor and a small integer dtype (int8, int16, uint8) as int64.
         ``values``: also check that they are in range (reads them: a device synchronisation)."""
         allowed = self.lengths_allowed(shapes)
         if lengths is None:
@@ -209,6 +231,8 @@ class Program:
             ok = (value >= lo) & (value <= hi) if values else None
             if ok is not None and not bool(ok.all()):
                 raise ValueError(f"{what}: {value[~ok].tolist()} out of range; these shapes allow {lo}..{hi}")
+            if value.dtype not in (torch.int32, torch.int64):  # int8, int16, uint8: indices must be wider
+                given[name] = value.long()
         return given if isinstance(lengths, Mapping) else given[names[0]]
 
     # ------------------------------------------------------------ running
@@ -217,7 +241,12 @@ class Program:
         batch, shapes = self.shapes(inputs)
         lengths = self.check_lengths(lengths, batch, shapes)
         raw = [inputs[name] for name in self.inputs]
+        for name, x in zip(self.inputs, raw):
+            if x.is_floating_point() and bool(torch.isnan(x.detach()).any()):
+                raise ValueError(f"{name}: contains NaN (potentials are log-scores; -inf forbids a part)")
         semiring.prepare(raw)
+        if batch == 0 and raw:
+            return no_examples(semiring, raw)
         elements = {name: semiring.convert(x) for name, x in zip(self.inputs, raw)}
         elements.update({name: inputs[name] for name in self.lookups})
         for name, top in self.plan(shapes).looked_up.items():
@@ -237,6 +266,18 @@ class Program:
             elements = {**elements, **closure.derive(self.closures, semiring, dict(elements))}
         run = Run(self.plan(shapes), semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
         return Tape.apply(run, *elements.values())
+
+
+def no_examples(semiring: Semiring, inputs: list[Tensor]) -> Tensor:
+    """The value of a batch of no examples, ``[*components, 0]``: nothing to run, but a function of
+    the (empty) inputs, so that differentiating it gives their (empty) gradients."""
+    tie = sum(x.sum() for x in inputs if x.dtype.is_floating_point)
+    return semiring.zero((0,), inputs[0]) + 0 * tie
+
+
+def _plain(ix) -> bool:
+    """Whether an index is a bare variable (``s``, not ``s+1`` or ``R``)."""
+    return isinstance(ix, Affine) and len(ix.coeffs) == 1 and ix.coeffs[0][1] == 1 and ix.const == 0
 
 
 def program(text: str) -> Program:

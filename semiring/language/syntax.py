@@ -183,6 +183,11 @@ class Rule:
         """An error in this rule, at column ``col`` (default: the rule's head)."""
         return ProgramError(message, self.line, col or self.head.col, self.text)
 
+    def column_of(self, var: str) -> int:
+        """The column of the variable's first use in the rule's text (0 where it is not written there)."""
+        m = re.search(rf"(?<![A-Za-z_0-9]){re.escape(var)}(?![A-Za-z_0-9])", self.text)
+        return m.start() + 1 if m else 0
+
     def __str__(self):
         body = " * ".join(map(str, self.terms))
         extra = "".join(f" {r}" for r in self.ranges)
@@ -193,8 +198,9 @@ class Rule:
 
 INDEX_LIMIT = 2**62  # index constants and coefficients stay far inside int64, whatever arithmetic follows
 
-_TOKEN = re.compile(r"\s*(?:(?P<num>\d+)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<op>\+=|\.\.|<=|>=|==|!=|[-+*=\[\],<>]))")
+_TOKEN = re.compile(r"\s*(?:(?P<num>[0-9]+)|(?P<name>[A-Za-z_][A-Za-z_0-9]*)|(?P<op>\+=|\.\.|<=|>=|==|!=|[-+*=\[\],<>]))")
 _KEYWORDS = {"for", "in", "if", "and"}
+_KINDS = {"name": "a variable", "op": "a comparison", "num": "a number", None: "more"}  # tokens, in the docs' words
 
 
 class _Line:
@@ -206,7 +212,10 @@ class _Line:
             m = _TOKEN.match(text, pos)
             if not m or m.end() == pos:
                 col = len(text) - len(text[pos:].lstrip()) + 1
-                raise ProgramError(f"unexpected character {text[col - 1]!r}", line, col, text)
+                char = text[col - 1]
+                if char.isdigit():  # '١', '３', '²': a digit, but not one an index is written with
+                    raise ProgramError(f"{char!r} is not an ASCII digit: write numbers with 0-9", line, col, text)
+                raise ProgramError(f"unexpected character {char!r}", line, col, text)
             kind = m.lastgroup
             self.tokens.append((kind, m.group(kind), m.start(kind) + 1))
             pos = m.end()
@@ -223,11 +232,12 @@ class _Line:
         return self.tokens[self.i][2] if self.i < len(self.tokens) else len(self.text.rstrip()) + 1
 
     def take(self, kind: str | None = None, value: str | None = None) -> tuple[str, str, int]:
+        wanted = value or _KINDS.get(kind, kind)
         if self.i >= len(self.tokens):
-            raise ProgramError(f"expected {value or kind}, found the end of the line", self.line, self.col(), self.text)
+            raise ProgramError(f"expected {wanted}, found the end of the line", self.line, self.col(), self.text)
         tok = self.tokens[self.i]
         if (kind and tok[0] != kind) or (value and tok[1] != value):
-            raise ProgramError(f"expected {value or kind}, found {tok[1]!r}", self.line, tok[2], self.text)
+            raise ProgramError(f"expected {wanted}, found {tok[1]!r}", self.line, tok[2], self.text)
         self.i += 1
         return tok
 
@@ -370,8 +380,27 @@ def parse(text: str) -> Syntax:
         if body.strip():
             rules.append(parse_rule(body, number))
     if not rules:
-        raise ProgramError("a program needs at least one rule")
+        raise ProgramError("a program needs at least one rule", 1, 1)
     return check(rules)
+
+
+def check_base_cases(rules: list[Rule]) -> None:
+    """A ``ProgramError`` for a chart none of whose rules can ever fire: each reads a chart without
+    items (``alpha[i, c] += alpha[i-1, y] * edge[i-1, y, c]`` and no ``alpha[0, c] = ...``)."""
+    charts = {r.head.name for r in rules}
+    started: set[str] = set()
+    grown = True
+    while grown:
+        grown = False
+        for r in rules:
+            if r.head.name not in started and all(t.is_one or t.name not in charts or t.name in started for t in r.terms):
+                started.add(r.head.name)
+                grown = True
+    empty = [r for r in rules if r.head.name not in started]
+    if empty:
+        r = next((r for r in empty if r.head.name != GOAL), empty[0])
+        raise r.error(f"no base case for chart {r.head.name!r}: each of its rules reads a chart that has no items; add "
+                      "a rule for it that reads only inputs or 1 (as a chain's 'alpha[0, c] = 1')")
 
 
 def check(rules: list[Rule]) -> Syntax:
