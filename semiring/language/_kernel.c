@@ -582,12 +582,12 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
-VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,      \
+VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,      \
                                                 T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
     int64_t coords[MAXDIM];                                                                                 \
     const int way = path(s, 0);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
-    for (int64_t b = 0; b < B; b++) {                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         if (way == 1 || (way == 2 && !s->K)) { /* (an empty K: the rows of -inf the row path writes) */    \
             forward_rows_##SUFFIX(s, table, b, src, dst, rbase, hbase, t, !s->K);                                     \
@@ -613,14 +613,14 @@ VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const 
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table,           \
+VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t b0, int64_t b1, const int64_t *table,           \
                                                  const int64_t *gtable, T *t, T **src, T **dst,             \
                                                  T **gsrc, T **gdst, int64_t *rbase, int64_t *hbase) {      \
     int64_t coords[MAXDIM];                                                                                 \
     const int pass = s->n == s->nL && !s->shared; /* one instance per item: its gradient passes */         \
     const int way = path(s, 0);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
-    for (int64_t b = 0; b < B; b++) {                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
         if (way == 1) {                                                                                     \
@@ -773,11 +773,11 @@ static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(con
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
-VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,                \
+VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,                \
                                       T **src, T **dst, int64_t *rbase, int64_t *hbase) {                   \
     int64_t coords[MAXDIM];                                                                                 \
     if (empty_##SUFFIX(s)) return;                                                                          \
-    for (int64_t b = 0; b < B; b++) {                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         if (path(s, 1)) {                                                                                   \
             max_forward_rowk_##SUFFIX(s, table, b, src, dst, rbase, hbase, t);                                        \
@@ -800,12 +800,12 @@ VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t B, co
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-VECTOR_CLONES static void max_backward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table,                     \
+VECTOR_CLONES static void max_backward_step_##SUFFIX(const Step *s, int64_t b0, int64_t b1, const int64_t *table,                     \
                                        const int64_t *gtable, T *t, T **src, T **dst, T **gsrc, T **gdst,   \
                                        int64_t *rbase, int64_t *hbase) {                                    \
     int64_t coords[MAXDIM];                                                                                 \
     if (empty_##SUFFIX(s)) return;                                                                          \
-    for (int64_t b = 0; b < B; b++) {                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
         if (path(s, 1)) {                                                                                   \
@@ -842,70 +842,118 @@ KERNELS(float, vf, vif, f32, -FLT_MAX, logf, log1pf, expf)
 MAX_KERNELS(double, vd, vid, f64)
 MAX_KERNELS(float, vf, vif, f32)
 
-/* the level's steps: their count, and the largest K and R/H (scratch sizes); -1 on a bad descriptor */
-static int64_t scan_level(const int64_t *p, Py_ssize_t len, int max, int64_t *room, int64_t *maxRH) {
+/* A level's facts for running it: its steps' count, scratch sizes (the largest need() and R/H), its
+ * instances per example, and whether a buffer it writes is shared by the batch (batch stride 0: the
+ * gradient of an input every example reads) */
+typedef struct {
+    int64_t count, room, maxRH, work;
+    int shared_writes;
+} Level;
+
+/* whether buffer src of table is one for the whole batch */
+static inline int batch_shared(const int64_t *table, int64_t src) { return table[2 * src + 1] == 0; }
+
+/* the level at p (len numbers); returns 0 on a bad descriptor. Writes are the heads (forward: in
+ * table) or every read's and head's gradient (backward: in gtable) */
+static int scan_level(const int64_t *p, Py_ssize_t len, int max, const int64_t *table, const int64_t *gtable, Level *lv) {
     const int64_t *end = p + len;
-    if (len < 1) return -1;
-    int64_t count = *p++;
-    *room = 16; *maxRH = 1;
-    for (int64_t i = 0; i < count; i++) {
+    if (len < 1) return 0;
+    lv->count = *p++;
+    lv->room = 16; lv->maxRH = 1; lv->work = 0; lv->shared_writes = 0;
+    for (int64_t i = 0; i < lv->count; i++) {
         Step s;
         p = parse(p, end, &s);
-        if (!p || p > end || !check(&s)) return -1;
-        if (need(&s, max) > *room) *room = need(&s, max);
-        if (s.R > *maxRH) *maxRH = s.R;
-        if (s.H > *maxRH) *maxRH = s.H;
+        if (!p || p > end || !check(&s)) return 0;
+        if (need(&s, max) > lv->room) lv->room = need(&s, max);
+        if (s.R > lv->maxRH) lv->maxRH = s.R;
+        if (s.H > lv->maxRH) lv->maxRH = s.H;
+        int64_t instances = 1;
+        for (int64_t d = 0; d < s.n; d++) instances *= s.sizes[d];
+        lv->work += instances;
+        const int64_t *writes = gtable ? gtable : table;
+        for (int64_t h = 0; h < s.H; h++) lv->shared_writes |= batch_shared(writes, s.heads[h * (2 + s.nL)]);
+        for (int64_t r = 0; gtable && r < s.R; r++) lv->shared_writes |= batch_shared(gtable, s.rd[r][0]);
     }
-    return p == end ? count : -1;
+    return p == end;
+}
+
+#define GRAIN 16384 /* instances a thread is worth (a fork and join costs a few microseconds) */
+#ifdef _OPENMP
+#define THREADED 1
+#else
+#define THREADED 0 /* built without OpenMP: one thread */
+#endif
+
+/* how many threads run the level (at most `threads`): examples are split across them, so one
+ * where a buffer shared by the batch is written (its sums would depend on the split) */
+static int64_t threads_for(const Level *lv, int64_t B, int64_t threads) {
+    if (lv->shared_writes) return 1;
+    int64_t most = B * lv->work / GRAIN;
+    if (threads > most) threads = most;
+    if (threads > B) threads = B;
+    return threads < 1 ? 1 : threads;
+}
+
+/* examples [b0, b1) of the level's steps, in order (scratch: t, ptrs, offs as run() sizes them) */
+static void run_examples(const int64_t *p, const int64_t *end, const Level *lv, int max, int backward, int is_double,
+                         int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, void *t, void **ptrs, int64_t *offs) {
+    const int64_t m = lv->maxRH;
+    for (int64_t i = 0; i < lv->count; i++) {
+        Step s;
+        p = parse(p, end, &s); /* (scan_level checked every step) */
+        if (is_double) {
+            double **q = (double **)ptrs;
+            if (max && backward) max_backward_step_f64(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);
+            else if (max) max_forward_step_f64(&s, b0, b1, tab, t, q, q + m, offs, offs + m);
+            else if (backward) backward_step_f64(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);
+            else forward_step_f64(&s, b0, b1, tab, t, q, q + m, offs, offs + m);
+        } else {
+            float **q = (float **)ptrs;
+            if (max && backward) max_backward_step_f32(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);
+            else if (max) max_forward_step_f32(&s, b0, b1, tab, t, q, q + m, offs, offs + m);
+            else if (backward) backward_step_f32(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);
+            else forward_step_f32(&s, b0, b1, tab, t, q, q + m, offs, offs + m);
+        }
+    }
 }
 
 static PyObject *run(PyObject *args, int backward) {
     int max, is_double;
-    Py_ssize_t B;
+    Py_ssize_t B, threads;
     Py_buffer table, gtable = {0}, level;
     if (backward) {
-        if (!PyArg_ParseTuple(args, "ppny*y*y*", &max, &is_double, &B, &table, &gtable, &level)) return NULL;
-    } else if (!PyArg_ParseTuple(args, "ppny*y*", &max, &is_double, &B, &table, &level)) {
+        if (!PyArg_ParseTuple(args, "ppnny*y*y*", &max, &is_double, &B, &threads, &table, &gtable, &level)) return NULL;
+    } else if (!PyArg_ParseTuple(args, "ppnny*y*", &max, &is_double, &B, &threads, &table, &level)) {
         return NULL;
     }
     PyObject *result = NULL;
-    int64_t room, maxRH;
+    Level lv;
     const int64_t *p = (const int64_t *)level.buf, *end = p + level.len / (Py_ssize_t)sizeof(int64_t);
-    int64_t count = scan_level(p, end - p, max, &room, &maxRH);
+    const int64_t *tab = (const int64_t *)table.buf, *gtab = backward ? (const int64_t *)gtable.buf : NULL;
     size_t item = is_double ? sizeof(double) : sizeof(float);
-    void *t = NULL, **ptrs = NULL;
+    char *t = NULL;
+    void **ptrs = NULL;
     int64_t *offs = NULL;
-    if (count < 0) {
+    if (!scan_level(p, end - p, max, tab, gtab, &lv)) {
         PyErr_SetString(PyExc_ValueError, "a malformed level descriptor");
         goto done;
     }
-    t = malloc(room * item);
-    ptrs = malloc(4 * maxRH * sizeof(void *));
-    offs = malloc(2 * maxRH * sizeof(int64_t));
+    const int64_t n = THREADED ? threads_for(&lv, B, threads) : 1;
+    t = malloc(n * lv.room * item); /* per thread: its scratch, pointers and offsets */
+    ptrs = malloc(n * 4 * lv.maxRH * sizeof(void *));
+    offs = malloc(n * 2 * lv.maxRH * sizeof(int64_t));
     if (!t || !ptrs || !offs) {
         PyErr_NoMemory();
         goto done;
     }
     p++;
-    const int64_t *tab = (const int64_t *)table.buf, *gtab = backward ? (const int64_t *)gtable.buf : NULL;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t i = 0; i < count; i++) {
-        Step s;
-        p = parse(p, end, &s); /* (scan_level checked every step) */
-        if (is_double) {
-            double **q = (double **)ptrs;
-            if (max && backward) max_backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
-            else if (max) max_forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
-            else if (backward) backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
-            else forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
-        } else {
-            float **q = (float **)ptrs;
-            if (max && backward) max_backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
-            else if (max) max_forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
-            else if (backward) backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
-            else forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
-        }
-    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(n) schedule(static, 1) if (n > 1)
+#endif
+    for (int64_t j = 0; j < n; j++) /* thread j: examples [B j / n, B (j + 1) / n) */
+        run_examples(p, end, &lv, max, backward, is_double, B * j / n, B * (j + 1) / n, tab, gtab,
+                     t + j * lv.room * item, ptrs + j * 4 * lv.maxRH, offs + j * 2 * lv.maxRH);
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     result = Py_None;
@@ -923,11 +971,18 @@ static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); 
 static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1); }
 
 static PyMethodDef methods[] = {
-    {"forward", forward, METH_VARARGS, "forward(max, double, B, table, level): the level's items into their heads"},
-    {"backward", backward, METH_VARARGS, "backward(max, double, B, table, grads, level): the level's gradients"},
+    {"forward", forward, METH_VARARGS, "forward(max, double, B, threads, table, level): the level's items into their heads"},
+    {"backward", backward, METH_VARARGS, "backward(max, double, B, threads, table, grads, level): the level's gradients"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__kernel(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernel(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && (PyModule_AddIntConstant(m, "GRAIN", GRAIN) < 0 || PyModule_AddIntConstant(m, "threaded", THREADED) < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
