@@ -196,3 +196,30 @@ def test_two_threads_give_the_numbers_of_one(name, dtype, semiring):
     assert max(plan.packed.work) * len(lengths) >= 2 * kernel._kernel.GRAIN  # (the largest levels do split)
     assert torch.equal(one[0], two[0])
     assert all(torch.equal(a, b) for a, b in zip(one[1], two[1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("isa", kernel._kernel.isas() if kernel._kernel else [])
+def test_every_instruction_set_of_the_cpu_computes_what_the_torch_calls_compute(isa, dtype):
+    """The kernel's code for each instruction set this CPU runs (SSE2, AVX2 with FMA, AVX-512):
+    values and gradients of every program of the suite within the tolerances of the default one."""
+    was = kernel._kernel.isa()
+    tolerance = {} if dtype is torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    try:
+        kernel._kernel.set_isa(isa)
+        for name in PROGRAMS:
+            text, inputs, lengths = run(name, dtype)
+            value, grads = value_and_gradients(text, inputs, lengths)
+            with kernel.disabled():
+                value_torch, grads_torch = value_and_gradients(text, inputs, lengths)
+            assert_close(value, value_torch, **tolerance)
+            for g, gt in zip(grads, grads_torch):
+                assert_close(g, gt, **tolerance)
+    finally:
+        kernel._kernel.set_isa(was)
+
+
+def test_the_kernel_runs_the_best_instruction_set_of_the_cpu():
+    assert kernel._kernel.isa() == kernel._kernel.isas()[-1]
+    with pytest.raises(ValueError, match="isa"):
+        kernel._kernel.set_isa("vax")

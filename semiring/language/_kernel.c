@@ -176,7 +176,7 @@ static int64_t need(const Step *s, int max) {
 }
 
 /* exp of 8 floats / 4 doubles at a time (GCC vector extensions: AVX2 where the CPU has it,
- * target_clones below, else pairs of SSE2 registers): Cody-Waite reduction x = n ln2 + r, a Taylor
+ * chosen at load time (ALL_STEPS below), else pairs of SSE2 registers): Cody-Waite reduction x = n ln2 + r, a Taylor
  * polynomial of r (|r| <= ln2/2: degree 7 for float, 13 for double, both below half an ulp), times 2^n
  * built in the exponent bits. Below -87.3 (float) / -708 (double) it gives 0, not the subnormal
  * (weights under 1e-38 / 1e-307 of the largest, which the sums they enter cannot hold anyway);
@@ -580,9 +580,10 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
             k++;                                                                                            \
         } while (next(coords, s->sizes, s->nL, s->n));                                                      \
     } while (next(coords, s->sizes, 0, last));                                                              \
-}                                                                                                           \
-                                                                                                            \
-VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,      \
+}
+/* a level's steps over examples [b0, b1), compiled for one instruction set (ISA: a name suffix, TARGET its attribute) */
+#define STEPS(T, V, VI, SUFFIX, LOWEST, ISA, TARGET)                                                        \
+TARGET static void forward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,      \
                                                 T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
     int64_t coords[MAXDIM];                                                                                 \
     const int way = path(s, 0);                                                                                \
@@ -613,7 +614,7 @@ VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t b0, int64
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t b0, int64_t b1, const int64_t *table,           \
+TARGET static void backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table,           \
                                                  const int64_t *gtable, T *t, T **src, T **dst,             \
                                                  T **gsrc, T **gdst, int64_t *rbase, int64_t *hbase) {      \
     int64_t coords[MAXDIM];                                                                                 \
@@ -673,11 +674,6 @@ VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t b0, int6
     }                                                                                                       \
 }
 
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2,fma", "default"))) /* chosen at load time */
-#else
-#define VECTOR_CLONES
-#endif
 
 /* The Max semiring, item by item: an item is the max of its terms; the backward routes g to the
  * first instance reaching the max (torch.max's), and where several rules write the item, only from
@@ -771,9 +767,10 @@ static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(con
             }                                                                                               \
         }                                                                                                   \
     } while (next(coords, s->sizes, 0, last));                                                              \
-}                                                                                                           \
-                                                                                                            \
-VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,                \
+}
+/* the Max semiring's steps over examples [b0, b1), compiled for one instruction set (as STEPS) */
+#define MAX_STEPS(T, SUFFIX, ISA, TARGET)                                                                 \
+TARGET static void max_forward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,                \
                                       T **src, T **dst, int64_t *rbase, int64_t *hbase) {                   \
     int64_t coords[MAXDIM];                                                                                 \
     if (empty_##SUFFIX(s)) return;                                                                          \
@@ -800,7 +797,7 @@ VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t b0, i
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-VECTOR_CLONES static void max_backward_step_##SUFFIX(const Step *s, int64_t b0, int64_t b1, const int64_t *table,                     \
+TARGET static void max_backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table,                     \
                                        const int64_t *gtable, T *t, T **src, T **dst, T **gsrc, T **gdst,   \
                                        int64_t *rbase, int64_t *hbase) {                                    \
     int64_t coords[MAXDIM];                                                                                 \
@@ -841,6 +838,22 @@ KERNELS(double, vd, vid, f64, -DBL_MAX, log, log1p, exp)
 KERNELS(float, vf, vif, f32, -FLT_MAX, logf, log1pf, expf)
 MAX_KERNELS(double, vd, vid, f64)
 MAX_KERNELS(float, vf, vif, f32)
+
+/* every step function for one instruction set: SSE2 (x86-64's baseline, or another CPU's own) and,
+ * on x86-64, AVX2 with FMA and AVX-512. The vectors stay 32 bytes wide; AVX2 holds one in a register,
+ * FMA fuses the polynomials' multiply-adds (one rounding per term), AVX-512 adds 32 registers and masks */
+#define ALL_STEPS(ISA, TARGET)                                \
+    STEPS(double, vd, vid, f64, -DBL_MAX, ISA, TARGET)        \
+    STEPS(float, vf, vif, f32, -FLT_MAX, ISA, TARGET)         \
+    MAX_STEPS(double, f64, ISA, TARGET)                       \
+    MAX_STEPS(float, f32, ISA, TARGET)
+ALL_STEPS(_base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+ALL_STEPS(_avx2, AVX2)
+ALL_STEPS(_avx512, AVX512)
+#endif
 
 /* A level's facts for running it: its steps' count, scratch sizes (the largest need() and R/H), its
  * instances per example, and whether a buffer it writes is shared by the batch (batch stride 0: the
@@ -894,28 +907,59 @@ static int64_t threads_for(const Level *lv, int64_t B, int64_t threads) {
     return threads < 1 ? 1 : threads;
 }
 
-/* examples [b0, b1) of the level's steps, in order (scratch: t, ptrs, offs as run() sizes them) */
-static void run_examples(const int64_t *p, const int64_t *end, const Level *lv, int max, int backward, int is_double,
-                         int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, void *t, void **ptrs, int64_t *offs) {
-    const int64_t m = lv->maxRH;
-    for (int64_t i = 0; i < lv->count; i++) {
-        Step s;
-        p = parse(p, end, &s); /* (scan_level checked every step) */
-        if (is_double) {
-            double **q = (double **)ptrs;
-            if (max && backward) max_backward_step_f64(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);
-            else if (max) max_forward_step_f64(&s, b0, b1, tab, t, q, q + m, offs, offs + m);
-            else if (backward) backward_step_f64(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);
-            else forward_step_f64(&s, b0, b1, tab, t, q, q + m, offs, offs + m);
-        } else {
-            float **q = (float **)ptrs;
-            if (max && backward) max_backward_step_f32(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);
-            else if (max) max_forward_step_f32(&s, b0, b1, tab, t, q, q + m, offs, offs + m);
-            else if (backward) backward_step_f32(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);
-            else forward_step_f32(&s, b0, b1, tab, t, q, q + m, offs, offs + m);
-        }
-    }
+/* examples [b0, b1) of the level's steps, in order (scratch: t, ptrs, offs as run() sizes them), with
+ * the step functions of one instruction set */
+typedef void Examples(const int64_t *p, const int64_t *end, const Level *lv, int max, int backward, int is_double,
+                      int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, void *t, void **ptrs, int64_t *offs);
+
+#define EXAMPLES(ISA)                                                                                             \
+static void examples##ISA(const int64_t *p, const int64_t *end, const Level *lv, int max, int backward,           \
+                          int is_double, int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, void *t,\
+                          void **ptrs, int64_t *offs) {                                                           \
+    const int64_t m = lv->maxRH;                                                                                  \
+    for (int64_t i = 0; i < lv->count; i++) {                                                                     \
+        Step s;                                                                                                   \
+        p = parse(p, end, &s); /* (scan_level checked every step) */                                              \
+        if (is_double) {                                                                                          \
+            double **q = (double **)ptrs;                                                                         \
+            if (max && backward) max_backward_step_f64##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
+            else if (max) max_forward_step_f64##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                 \
+            else if (backward) backward_step_f64##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
+            else forward_step_f64##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                              \
+        } else {                                                                                                  \
+            float **q = (float **)ptrs;                                                                           \
+            if (max && backward) max_backward_step_f32##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
+            else if (max) max_forward_step_f32##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                 \
+            else if (backward) backward_step_f32##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
+            else forward_step_f32##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                              \
+        }                                                                                                         \
+    }                                                                                                             \
 }
+
+/* The instruction sets the kernel is compiled for (ALL_STEPS), best last: the CPU's best is chosen
+ * when the module loads (set_isa() may choose a lower one) */
+EXAMPLES(_base)
+#if defined(__x86_64__) && defined(__GNUC__)
+EXAMPLES(_avx2)
+EXAMPLES(_avx512)
+static const char *const ISA_NAMES[] = {"sse2", "avx2+fma", "avx512"};
+static Examples *const ISA_CODE[] = {examples_base, examples_avx2, examples_avx512};
+
+/* whether the CPU runs instruction set i */
+static int has_isa(int i) {
+    __builtin_cpu_init();
+    if (i >= 1 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+    if (i >= 2 && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))) return 0;
+    return 1;
+}
+#else
+static const char *const ISA_NAMES[] = {"generic"};
+static Examples *const ISA_CODE[] = {examples_base};
+static int has_isa(int i) { return i == 0; }
+#endif
+#define N_ISAS ((int)(sizeof ISA_CODE / sizeof ISA_CODE[0]))
+static int isa; /* the instruction set in use: an index of ISA_CODE */
 
 static PyObject *run(PyObject *args, int backward) {
     int max, is_double;
@@ -952,7 +996,7 @@ static PyObject *run(PyObject *args, int backward) {
 #pragma omp parallel for num_threads(n) schedule(static, 1) if (n > 1)
 #endif
     for (int64_t j = 0; j < n; j++) /* thread j: examples [B j / n, B (j + 1) / n) */
-        run_examples(p, end, &lv, max, backward, is_double, B * j / n, B * (j + 1) / n, tab, gtab,
+        ISA_CODE[isa](p, end, &lv, max, backward, is_double, B * j / n, B * (j + 1) / n, tab, gtab,
                      t + j * lv.room * item, ptrs + j * 4 * lv.maxRH, offs + j * 2 * lv.maxRH);
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
@@ -970,15 +1014,45 @@ done:
 static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); }
 static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1); }
 
+static PyObject *isas(PyObject *self, PyObject *args) {
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < N_ISAS; i++) {
+        if (!has_isa(i)) continue;
+        PyObject *name = PyUnicode_FromString(ISA_NAMES[i]);
+        if (!name || PyList_Append(out, name) < 0) Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
+    return out;
+}
+
+static PyObject *get_isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ISA_NAMES[isa]); }
+
+static PyObject *set_isa(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    for (int i = 0; i < N_ISAS; i++) {
+        if (strcmp(name, ISA_NAMES[i]) == 0 && has_isa(i)) {
+            isa = i;
+            Py_RETURN_NONE;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "isa: %s is not one of this CPU's (isas())", name);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"forward", forward, METH_VARARGS, "forward(max, double, B, threads, table, level): the level's items into their heads"},
     {"backward", backward, METH_VARARGS, "backward(max, double, B, threads, table, grads, level): the level's gradients"},
+    {"isas", isas, METH_NOARGS, "isas(): the instruction sets the kernel can run on this CPU, best last"},
+    {"isa", get_isa, METH_NOARGS, "isa(): the instruction set in use (the CPU's best unless set_isa chose another)"},
+    {"set_isa", set_isa, METH_VARARGS, "set_isa(name): run on one of isas()"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__kernel(void) {
+    for (int i = 0; i < N_ISAS; i++) if (has_isa(i)) isa = i;
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddIntConstant(m, "GRAIN", GRAIN) < 0 || PyModule_AddIntConstant(m, "threaded", THREADED) < 0)) {
         Py_DECREF(m);
