@@ -216,7 +216,7 @@ def kernel_info() -> str:
 
     if kernel._kernel is None:
         return "not built (torch calls)"
-    threads = "OpenMP, up to torch threads" if kernel._kernel.threaded else "one thread (built without OpenMP)"
+    threads = "up to torch's threads" if kernel._kernel.threaded else "one thread (built without threads)"
     return f"{kernel._kernel.isa()} of {', '.join(kernel._kernel.isas())}; {threads}"
 
 

@@ -174,7 +174,7 @@ def _large(name: str, g: torch.Generator) -> tuple[str, dict, object]:
     return PCFG, dict(term=potentials(g, 24, 12, batch=B), rule=potentials(g, 12, 12, 12, batch=1)), torch.randint(1, 25, (B,), generator=g)
 
 
-@pytest.mark.skipif(kernel._kernel is None or not kernel._kernel.threaded, reason="the kernel is built without OpenMP")
+@pytest.mark.skipif(kernel._kernel is None or not kernel._kernel.threaded, reason="the kernel is built without threads")
 @pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("name", ["chain", "projective", "constituency", "pcfg"])

@@ -890,12 +890,8 @@ static int scan_level(const int64_t *p, Py_ssize_t len, int max, const int64_t *
     return p == end;
 }
 
-#define GRAIN 16384 /* instances a thread is worth (a fork and join costs a few microseconds) */
-#ifdef _OPENMP
-#define THREADED 1
-#else
-#define THREADED 0 /* built without OpenMP: one thread */
-#endif
+#define GRAIN 16384 /* instances a thread is worth (waking a worker costs a few microseconds) */
+#define PARTS 4       /* parts per thread: a thread that falls behind (a loaded machine) holds little */
 
 /* how many threads run the level (at most `threads`): examples are split across them, so one
  * where a buffer shared by the batch is written (its sums would depend on the split) */
@@ -961,6 +957,105 @@ static int has_isa(int i) { return i == 0; }
 #define N_ISAS ((int)(sizeof ISA_CODE / sizeof ISA_CODE[0]))
 static int isa; /* the instruction set in use: an index of ISA_CODE */
 
+/* A level's run as parts, part j the examples [B j / parts, B (j + 1) / parts), on up to n threads,
+ * thread i with scratch i */
+typedef struct {
+    const int64_t *p, *end;
+    const Level *lv;
+    int max, backward, is_double;
+    int64_t B, n, parts;
+    const int64_t *tab, *gtab;
+    char *t;
+    size_t room; /* bytes of scratch a thread has */
+    void **ptrs;
+    int64_t *offs;
+} Job;
+
+static void run_part(const Job *w, int64_t j, int64_t i) {
+    const int64_t m = w->lv->maxRH;
+    ISA_CODE[isa](w->p, w->end, w->lv, w->max, w->backward, w->is_double, w->B * j / w->parts, w->B * (j + 1) / w->parts,
+                  w->tab, w->gtab, w->t + i * w->room, w->ptrs + i * 4 * m, w->offs + i * 2 * m);
+}
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <unistd.h>
+#define THREADED 1
+
+/* Worker threads (pthreads), started when a run first asks for them. A job's parts are claimed from
+ * a ticket (the job's number << 32 | its parts << 16 | the parts claimed): the caller runs every part
+ * no worker has claimed, then waits only for the parts being run, never for a worker still asleep
+ * (on a loaded machine a barrier for late threads cost a time slice per level: 30x slower) */
+#define MAX_WORKERS 63
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, job_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
+static int workers;        /* started, in the process pool_pid (after a fork: none) */
+static pid_t pool_pid;
+static const Job *current; /* the job of the ticket's number (pool_lock) */
+static _Atomic uint64_t ticket;
+static _Atomic int64_t finished; /* parts of the current job run to the end */
+static _Atomic int64_t joined;   /* threads that took a scratch of the current job (the caller: 0) */
+
+/* a part of job `number` to run, or -1 where none is left or the job is another */
+static int64_t claim(uint64_t number) {
+    uint64_t t = atomic_load(&ticket);
+    for (;;) {
+        if (t >> 32 != number || (t & 0xffff) >= ((t >> 16) & 0xffff)) return -1;
+        if (atomic_compare_exchange_weak(&ticket, &t, t + 1)) return (int64_t)(t & 0xffff);
+    }
+}
+
+static void *work(void *unused) {
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&pool_lock);
+        while (atomic_load(&ticket) >> 32 == seen) pthread_cond_wait(&pool_wake, &pool_lock);
+        seen = atomic_load(&ticket) >> 32;
+        const Job *w = current; /* (valid while a part of it is claimed: its caller waits for it) */
+        pthread_mutex_unlock(&pool_lock);
+        const int64_t i = atomic_fetch_add(&joined, 1); /* (a late worker may take one of the next job's: harmless) */
+        if (i >= w->n) continue;
+        for (int64_t j; (j = claim(seen)) >= 0; atomic_fetch_add(&finished, 1)) run_part(w, j, i);
+    }
+    return NULL;
+}
+
+/* the job's parts, on this thread and up to w->n - 1 workers; one caller at a time (another runs
+ * its parts alone) */
+static void run_job(const Job *w) {
+    if (w->n == 1 || pthread_mutex_trylock(&job_lock) != 0) {
+        for (int64_t j = 0; j < w->parts; j++) run_part(w, j, 0);
+        return;
+    }
+    if (pool_pid != getpid()) { /* (a forked child has none of its parent's threads) */
+        pool_pid = getpid();
+        workers = 0;
+        pthread_mutex_init(&pool_lock, NULL);
+        pthread_cond_init(&pool_wake, NULL);
+    }
+    for (pthread_t th; workers < w->n - 1 && workers < MAX_WORKERS && pthread_create(&th, NULL, work, NULL) == 0; workers++)
+        pthread_detach(th);
+    pthread_mutex_lock(&pool_lock);
+    const uint64_t number = (atomic_load(&ticket) >> 32) + 1;
+    current = w;
+    atomic_store(&finished, 0);
+    atomic_store(&joined, 1);
+    atomic_store(&ticket, number << 32 | (uint64_t)w->parts << 16);
+    pthread_cond_broadcast(&pool_wake);
+    pthread_mutex_unlock(&pool_lock);
+    for (int64_t j; (j = claim(number)) >= 0; atomic_fetch_add(&finished, 1)) run_part(w, j, 0);
+    while (atomic_load(&finished) < w->parts) sched_yield();
+    pthread_mutex_unlock(&job_lock);
+}
+#else
+#define THREADED 0 /* one thread */
+static void run_job(const Job *w) {
+    for (int64_t j = 0; j < w->parts; j++) run_part(w, j, 0);
+}
+#endif
+
 static PyObject *run(PyObject *args, int backward) {
     int max, is_double;
     Py_ssize_t B, threads;
@@ -983,7 +1078,7 @@ static PyObject *run(PyObject *args, int backward) {
         goto done;
     }
     const int64_t n = THREADED ? threads_for(&lv, B, threads) : 1;
-    t = malloc(n * lv.room * item); /* per thread: its scratch, pointers and offsets */
+    t = malloc(n * lv.room * item); /* per part: its scratch, pointers and offsets */
     ptrs = malloc(n * 4 * lv.maxRH * sizeof(void *));
     offs = malloc(n * 2 * lv.maxRH * sizeof(int64_t));
     if (!t || !ptrs || !offs) {
@@ -991,13 +1086,10 @@ static PyObject *run(PyObject *args, int backward) {
         goto done;
     }
     p++;
+    const int64_t parts = n == 1 ? 1 : B < PARTS * n ? B : PARTS * n;
+    const Job job = {p, end, &lv, max, backward, is_double, B, n, parts, tab, gtab, t, lv.room * item, ptrs, offs};
     Py_BEGIN_ALLOW_THREADS
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(n) schedule(static, 1) if (n > 1)
-#endif
-    for (int64_t j = 0; j < n; j++) /* thread j: examples [B j / n, B (j + 1) / n) */
-        ISA_CODE[isa](p, end, &lv, max, backward, is_double, B * j / n, B * (j + 1) / n, tab, gtab,
-                     t + j * lv.room * item, ptrs + j * 4 * lv.maxRH, offs + j * 2 * lv.maxRH);
+    run_job(&job);
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     result = Py_None;

@@ -13,8 +13,8 @@ extension was not built (setup.py): the two paths compute the same numbers (test
 kernel applies, a chain with a matrix per level runs in it level by level rather than as a fused
 scan (3.5 vs 21 ms for chain marginals at B=4, N=256, C=16); a scan of one matrix for every level
 stays a scan (:meth:`~.execute.Run.scans`). A level splits the batch across up to
-``torch.get_num_threads()`` threads where it is large enough (OpenMP, where the extension was built
-with it): each example is computed as on one thread, so the numbers do not depend on the count; a
+``torch.get_num_threads()`` threads where it is large enough (POSIX threads, where the extension was
+built with them; the caller never waits for a worker that has not started): each example is computed as on one thread, so the numbers do not depend on the count; a
 level that writes a buffer shared by the batch (the gradient of an input every example reads) runs
 on one.
 """
