@@ -1078,7 +1078,7 @@ static PyObject *run(PyObject *args, int backward) {
         goto done;
     }
     const int64_t n = THREADED ? threads_for(&lv, B, threads) : 1;
-    t = malloc(n * lv.room * item); /* per part: its scratch, pointers and offsets */
+    t = malloc(n * lv.room * item); /* per thread: its scratch, pointers and offsets */
     ptrs = malloc(n * 4 * lv.maxRH * sizeof(void *));
     offs = malloc(n * 2 * lv.maxRH * sizeof(int64_t));
     if (!t || !ptrs || !offs) {
