@@ -190,18 +190,42 @@ def _rss_child(arg: str) -> None:
 # ---------------------------------------------------------------------------- reporting
 
 
-def machine_info() -> dict[str, str]:
-    cpu = platform.processor() or "?"
+SIMD_FLAGS = ("sse2", "avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq", "neon", "asimd")
+
+
+def cpu_model_and_flags() -> tuple[str, str]:
+    """The CPU's model name and which of :data:`SIMD_FLAGS` it has (from /proc/cpuinfo; "?" elsewhere)."""
+    cpu, flags = platform.processor() or "?", "?"
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and cpu in ("?", platform.processor()):
+                    cpu = value.strip()
+                elif key.strip() in ("flags", "Features") and flags == "?":
+                    have = set(value.split())
+                    flags = " ".join(x for x in SIMD_FLAGS if x in have)
     except OSError:
         pass
+    return cpu, flags
+
+
+def kernel_info() -> str:
+    """The compiler's C kernel as it runs here: its instruction set and whether it is threaded."""
+    from semiring.language import kernel
+
+    if kernel._kernel is None:
+        return "not built (torch calls)"
+    threads = "up to torch's threads" if kernel._kernel.threaded else "one thread (built without threads)"
+    return f"{kernel._kernel.isa()} of {', '.join(kernel._kernel.isas())}; {threads}"
+
+
+def machine_info() -> dict[str, str]:
+    cpu, flags = cpu_model_and_flags()
     info = {
         "cpu": cpu,
+        "cpu flags (SIMD)": flags,
+        "C kernel": kernel_info(),
         "cores": str(os.cpu_count()),
         "torch threads": str(torch.get_num_threads()),
         "python": platform.python_version(),

@@ -14,9 +14,9 @@ from torch.testing import assert_close
 import semiring as sr
 from semiring.language import kernel
 from semiring.language.reference import interpret
-from structures import ConstituencyCRF, ProjectiveDependencyCRF
+from structures import ConstituencyCRF, LinearChainCRF, ProjectiveDependencyCRF
 from structures.projective import _MULTI_ROOT
-from test_reference import B, PROGRAMS
+from test_reference import B, PCFG, PROGRAMS, potentials
 
 pytestmark = pytest.mark.skipif(kernel._kernel is None, reason="the optional C extension is not built")
 
@@ -163,3 +163,68 @@ def test_the_kernel_logaddexp_is_exact(dtype):
     assert_close(ga.double()[:-1], ea[:-1], **tol)  # (torch.logaddexp's gradient at two -inf is nan)
     assert_close(gb.double()[:-1], eb[:-1], **tol)
     assert ga[-1].isfinite().all() and gb[-1].isfinite().all()
+
+
+def _large(name: str, g: torch.Generator) -> tuple[str, dict, object]:
+    """(text, inputs, lengths) of a program at sizes whose largest levels split the batch across two
+    threads (B x instances >= 2 x the kernel's grain): random lengths, -inf entries, and for the
+    PCFG a rule tensor shared by the batch (its gradient, written by every example, keeps one thread)."""
+    B = 8
+    if name == "chain":
+        return LinearChainCRF.program.text, dict(edge=potentials(g, 24, 64, 64, batch=B)), torch.randint(1, 26, (B,), generator=g)
+    if name == "projective":
+        return _MULTI_ROOT, dict(arc=potentials(g, 40, 40, batch=4 * B)), torch.randint(1, 40, (4 * B,), generator=g)
+    if name == "constituency":
+        return ConstituencyCRF.program.text, dict(score=potentials(g, 30, 30, 8, batch=B)), torch.randint(1, 31, (B,), generator=g)
+    return PCFG, dict(term=potentials(g, 24, 12, batch=B), rule=potentials(g, 12, 12, 12, batch=1)), torch.randint(1, 25, (B,), generator=g)
+
+
+@pytest.mark.skipif(kernel._kernel is None or not kernel._kernel.threaded, reason="the kernel is built without threads")
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name", ["chain", "projective", "constituency", "pcfg"])
+def test_two_threads_give_the_numbers_of_one(name, dtype, semiring):
+    """The batch split across threads: values and gradients bit-identical to one thread's."""
+    text, inputs, lengths = _large(name, torch.Generator().manual_seed(5))
+    inputs = {k: v.to(dtype) for k, v in inputs.items()}
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = value_and_gradients(text, inputs, lengths, semiring)
+        torch.set_num_threads(2)
+        two = value_and_gradients(text, inputs, lengths, semiring)
+    finally:
+        torch.set_num_threads(was)
+    program = sr.program(text)
+    program(semiring, lengths=lengths, **inputs)
+    (plan,) = program._plans.values()
+    assert max(plan.packed.work) * len(lengths) >= 2 * kernel._kernel.GRAIN  # (the largest levels do split)
+    assert torch.equal(one[0], two[0])
+    assert all(torch.equal(a, b) for a, b in zip(one[1], two[1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("isa", kernel._kernel.isas() if kernel._kernel else [])
+def test_every_instruction_set_of_the_cpu_computes_what_the_torch_calls_compute(isa, dtype):
+    """The kernel's code for each instruction set this CPU runs (SSE2, AVX2 with FMA, AVX-512):
+    values and gradients of every program of the suite within the tolerances of the default one."""
+    was = kernel._kernel.isa()
+    tolerance = {} if dtype is torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    try:
+        kernel._kernel.set_isa(isa)
+        for name in PROGRAMS:
+            text, inputs, lengths = run(name, dtype)
+            value, grads = value_and_gradients(text, inputs, lengths)
+            with kernel.disabled():
+                value_torch, grads_torch = value_and_gradients(text, inputs, lengths)
+            assert_close(value, value_torch, **tolerance)
+            for g, gt in zip(grads, grads_torch):
+                assert_close(g, gt, **tolerance)
+    finally:
+        kernel._kernel.set_isa(was)
+
+
+def test_the_kernel_runs_the_best_instruction_set_of_the_cpu():
+    assert kernel._kernel.isa() == kernel._kernel.isas()[-1]
+    with pytest.raises(ValueError, match="isa"):
+        kernel._kernel.set_isa("vax")

@@ -176,7 +176,7 @@ static int64_t need(const Step *s, int max) {
 }
 
 /* exp of 8 floats / 4 doubles at a time (GCC vector extensions: AVX2 where the CPU has it,
- * target_clones below, else pairs of SSE2 registers): Cody-Waite reduction x = n ln2 + r, a Taylor
+ * chosen at load time (ALL_STEPS below), else pairs of SSE2 registers): Cody-Waite reduction x = n ln2 + r, a Taylor
  * polynomial of r (|r| <= ln2/2: degree 7 for float, 13 for double, both below half an ulp), times 2^n
  * built in the exponent bits. Below -87.3 (float) / -708 (double) it gives 0, not the subnormal
  * (weights under 1e-38 / 1e-307 of the largest, which the sums they enter cannot hold anyway);
@@ -580,14 +580,15 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
             k++;                                                                                            \
         } while (next(coords, s->sizes, s->nL, s->n));                                                      \
     } while (next(coords, s->sizes, 0, last));                                                              \
-}                                                                                                           \
-                                                                                                            \
-VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,      \
+}
+/* a level's steps over examples [b0, b1), compiled for one instruction set (ISA: a name suffix, TARGET its attribute) */
+#define STEPS(T, V, VI, SUFFIX, LOWEST, ISA, TARGET)                                                        \
+TARGET static void forward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,      \
                                                 T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
     int64_t coords[MAXDIM];                                                                                 \
     const int way = path(s, 0);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
-    for (int64_t b = 0; b < B; b++) {                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         if (way == 1 || (way == 2 && !s->K)) { /* (an empty K: the rows of -inf the row path writes) */    \
             forward_rows_##SUFFIX(s, table, b, src, dst, rbase, hbase, t, !s->K);                                     \
@@ -613,14 +614,14 @@ VECTOR_CLONES static void forward_step_##SUFFIX(const Step *s, int64_t B, const 
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table,           \
+TARGET static void backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table,           \
                                                  const int64_t *gtable, T *t, T **src, T **dst,             \
                                                  T **gsrc, T **gdst, int64_t *rbase, int64_t *hbase) {      \
     int64_t coords[MAXDIM];                                                                                 \
     const int pass = s->n == s->nL && !s->shared; /* one instance per item: its gradient passes */         \
     const int way = path(s, 0);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
-    for (int64_t b = 0; b < B; b++) {                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
         if (way == 1) {                                                                                     \
@@ -673,11 +674,6 @@ VECTOR_CLONES static void backward_step_##SUFFIX(const Step *s, int64_t B, const
     }                                                                                                       \
 }
 
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && !defined(__clang__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2,fma", "default"))) /* chosen at load time */
-#else
-#define VECTOR_CLONES
-#endif
 
 /* The Max semiring, item by item: an item is the max of its terms; the backward routes g to the
  * first instance reaching the max (torch.max's), and where several rules write the item, only from
@@ -771,13 +767,14 @@ static inline __attribute__((always_inline)) void max_backward_rowk_##SUFFIX(con
             }                                                                                               \
         }                                                                                                   \
     } while (next(coords, s->sizes, 0, last));                                                              \
-}                                                                                                           \
-                                                                                                            \
-VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table, T *t,                \
+}
+/* the Max semiring's steps over examples [b0, b1), compiled for one instruction set (as STEPS) */
+#define MAX_STEPS(T, SUFFIX, ISA, TARGET)                                                                 \
+TARGET static void max_forward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,                \
                                       T **src, T **dst, int64_t *rbase, int64_t *hbase) {                   \
     int64_t coords[MAXDIM];                                                                                 \
     if (empty_##SUFFIX(s)) return;                                                                          \
-    for (int64_t b = 0; b < B; b++) {                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         if (path(s, 1)) {                                                                                   \
             max_forward_rowk_##SUFFIX(s, table, b, src, dst, rbase, hbase, t);                                        \
@@ -800,12 +797,12 @@ VECTOR_CLONES static void max_forward_step_##SUFFIX(const Step *s, int64_t B, co
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-VECTOR_CLONES static void max_backward_step_##SUFFIX(const Step *s, int64_t B, const int64_t *table,                     \
+TARGET static void max_backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table,                     \
                                        const int64_t *gtable, T *t, T **src, T **dst, T **gsrc, T **gdst,   \
                                        int64_t *rbase, int64_t *hbase) {                                    \
     int64_t coords[MAXDIM];                                                                                 \
     if (empty_##SUFFIX(s)) return;                                                                          \
-    for (int64_t b = 0; b < B; b++) {                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
         if (path(s, 1)) {                                                                                   \
@@ -842,70 +839,257 @@ KERNELS(float, vf, vif, f32, -FLT_MAX, logf, log1pf, expf)
 MAX_KERNELS(double, vd, vid, f64)
 MAX_KERNELS(float, vf, vif, f32)
 
-/* the level's steps: their count, and the largest K and R/H (scratch sizes); -1 on a bad descriptor */
-static int64_t scan_level(const int64_t *p, Py_ssize_t len, int max, int64_t *room, int64_t *maxRH) {
+/* every step function for one instruction set: SSE2 (x86-64's baseline, or another CPU's own) and,
+ * on x86-64, AVX2 with FMA and AVX-512. The vectors stay 32 bytes wide; AVX2 holds one in a register,
+ * FMA fuses the polynomials' multiply-adds (one rounding per term), AVX-512 adds 32 registers and masks */
+#define ALL_STEPS(ISA, TARGET)                                \
+    STEPS(double, vd, vid, f64, -DBL_MAX, ISA, TARGET)        \
+    STEPS(float, vf, vif, f32, -FLT_MAX, ISA, TARGET)         \
+    MAX_STEPS(double, f64, ISA, TARGET)                       \
+    MAX_STEPS(float, f32, ISA, TARGET)
+ALL_STEPS(_base, )
+#if defined(__x86_64__) && defined(__GNUC__)
+#define AVX2 __attribute__((target("avx2,fma")))
+#define AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+ALL_STEPS(_avx2, AVX2)
+ALL_STEPS(_avx512, AVX512)
+#endif
+
+/* A level's facts for running it: its steps' count, scratch sizes (the largest need() and R/H), its
+ * instances per example, and whether a buffer it writes is shared by the batch (batch stride 0: the
+ * gradient of an input every example reads) */
+typedef struct {
+    int64_t count, room, maxRH, work;
+    int shared_writes;
+} Level;
+
+/* whether buffer src of table is one for the whole batch */
+static inline int batch_shared(const int64_t *table, int64_t src) { return table[2 * src + 1] == 0; }
+
+/* the level at p (len numbers); returns 0 on a bad descriptor. Writes are the heads (forward: in
+ * table) or every read's and head's gradient (backward: in gtable) */
+static int scan_level(const int64_t *p, Py_ssize_t len, int max, const int64_t *table, const int64_t *gtable, Level *lv) {
     const int64_t *end = p + len;
-    if (len < 1) return -1;
-    int64_t count = *p++;
-    *room = 16; *maxRH = 1;
-    for (int64_t i = 0; i < count; i++) {
+    if (len < 1) return 0;
+    lv->count = *p++;
+    lv->room = 16; lv->maxRH = 1; lv->work = 0; lv->shared_writes = 0;
+    for (int64_t i = 0; i < lv->count; i++) {
         Step s;
         p = parse(p, end, &s);
-        if (!p || p > end || !check(&s)) return -1;
-        if (need(&s, max) > *room) *room = need(&s, max);
-        if (s.R > *maxRH) *maxRH = s.R;
-        if (s.H > *maxRH) *maxRH = s.H;
+        if (!p || p > end || !check(&s)) return 0;
+        if (need(&s, max) > lv->room) lv->room = need(&s, max);
+        if (s.R > lv->maxRH) lv->maxRH = s.R;
+        if (s.H > lv->maxRH) lv->maxRH = s.H;
+        int64_t instances = 1;
+        for (int64_t d = 0; d < s.n; d++) instances *= s.sizes[d];
+        lv->work += instances;
+        const int64_t *writes = gtable ? gtable : table;
+        for (int64_t h = 0; h < s.H; h++) lv->shared_writes |= batch_shared(writes, s.heads[h * (2 + s.nL)]);
+        for (int64_t r = 0; gtable && r < s.R; r++) lv->shared_writes |= batch_shared(gtable, s.rd[r][0]);
     }
-    return p == end ? count : -1;
+    return p == end;
 }
+
+#define GRAIN 16384 /* instances a thread is worth (waking a worker costs a few microseconds) */
+#define PARTS 4       /* parts per thread: a thread that falls behind (a loaded machine) holds little */
+
+/* how many threads run the level (at most `threads`): examples are split across them, so one
+ * where a buffer shared by the batch is written (its sums would depend on the split) */
+static int64_t threads_for(const Level *lv, int64_t B, int64_t threads) {
+    if (lv->shared_writes) return 1;
+    int64_t most = B * lv->work / GRAIN;
+    if (threads > most) threads = most;
+    if (threads > B) threads = B;
+    return threads < 1 ? 1 : threads;
+}
+
+/* examples [b0, b1) of the level's steps, in order (scratch: t, ptrs, offs as run() sizes them), with
+ * the step functions of one instruction set */
+typedef void Examples(const int64_t *p, const int64_t *end, const Level *lv, int max, int backward, int is_double,
+                      int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, void *t, void **ptrs, int64_t *offs);
+
+#define EXAMPLES(ISA)                                                                                             \
+static void examples##ISA(const int64_t *p, const int64_t *end, const Level *lv, int max, int backward,           \
+                          int is_double, int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, void *t,\
+                          void **ptrs, int64_t *offs) {                                                           \
+    const int64_t m = lv->maxRH;                                                                                  \
+    for (int64_t i = 0; i < lv->count; i++) {                                                                     \
+        Step s;                                                                                                   \
+        p = parse(p, end, &s); /* (scan_level checked every step) */                                              \
+        if (is_double) {                                                                                          \
+            double **q = (double **)ptrs;                                                                         \
+            if (max && backward) max_backward_step_f64##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
+            else if (max) max_forward_step_f64##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                 \
+            else if (backward) backward_step_f64##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
+            else forward_step_f64##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                              \
+        } else {                                                                                                  \
+            float **q = (float **)ptrs;                                                                           \
+            if (max && backward) max_backward_step_f32##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
+            else if (max) max_forward_step_f32##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                 \
+            else if (backward) backward_step_f32##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
+            else forward_step_f32##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                              \
+        }                                                                                                         \
+    }                                                                                                             \
+}
+
+/* The instruction sets the kernel is compiled for (ALL_STEPS), best last: the CPU's best is chosen
+ * when the module loads (set_isa() may choose a lower one) */
+EXAMPLES(_base)
+#if defined(__x86_64__) && defined(__GNUC__)
+EXAMPLES(_avx2)
+EXAMPLES(_avx512)
+static const char *const ISA_NAMES[] = {"sse2", "avx2+fma", "avx512"};
+static Examples *const ISA_CODE[] = {examples_base, examples_avx2, examples_avx512};
+
+/* whether the CPU runs instruction set i */
+static int has_isa(int i) {
+    __builtin_cpu_init();
+    if (i >= 1 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
+    if (i >= 2 && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))) return 0;
+    return 1;
+}
+#else
+static const char *const ISA_NAMES[] = {"generic"};
+static Examples *const ISA_CODE[] = {examples_base};
+static int has_isa(int i) { return i == 0; }
+#endif
+#define N_ISAS ((int)(sizeof ISA_CODE / sizeof ISA_CODE[0]))
+static int isa; /* the instruction set in use: an index of ISA_CODE */
+
+/* A level's run as parts, part j the examples [B j / parts, B (j + 1) / parts), on up to n threads,
+ * thread i with scratch i */
+typedef struct {
+    const int64_t *p, *end;
+    const Level *lv;
+    int max, backward, is_double;
+    int64_t B, n, parts;
+    const int64_t *tab, *gtab;
+    char *t;
+    size_t room; /* bytes of scratch a thread has */
+    void **ptrs;
+    int64_t *offs;
+} Job;
+
+static void run_part(const Job *w, int64_t j, int64_t i) {
+    const int64_t m = w->lv->maxRH;
+    ISA_CODE[isa](w->p, w->end, w->lv, w->max, w->backward, w->is_double, w->B * j / w->parts, w->B * (j + 1) / w->parts,
+                  w->tab, w->gtab, w->t + i * w->room, w->ptrs + i * 4 * m, w->offs + i * 2 * m);
+}
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <unistd.h>
+#define THREADED 1
+
+/* Worker threads (pthreads), started when a run first asks for them. A job's parts are claimed from
+ * a ticket (the job's number << 32 | its parts << 16 | the parts claimed): the caller runs every part
+ * no worker has claimed, then waits only for the parts being run, never for a worker still asleep
+ * (on a loaded machine a barrier for late threads cost a time slice per level: 30x slower) */
+#define MAX_WORKERS 63
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, job_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
+static int workers;        /* started, in the process pool_pid (after a fork: none) */
+static pid_t pool_pid;
+static const Job *current; /* the job of the ticket's number (pool_lock) */
+static _Atomic uint64_t ticket;
+static _Atomic int64_t finished; /* parts of the current job run to the end */
+static _Atomic int64_t joined;   /* threads that took a scratch of the current job (the caller: 0) */
+
+/* a part of job `number` to run, or -1 where none is left or the job is another */
+static int64_t claim(uint64_t number) {
+    uint64_t t = atomic_load(&ticket);
+    for (;;) {
+        if (t >> 32 != number || (t & 0xffff) >= ((t >> 16) & 0xffff)) return -1;
+        if (atomic_compare_exchange_weak(&ticket, &t, t + 1)) return (int64_t)(t & 0xffff);
+    }
+}
+
+static void *work(void *unused) {
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&pool_lock);
+        while (atomic_load(&ticket) >> 32 == seen) pthread_cond_wait(&pool_wake, &pool_lock);
+        seen = atomic_load(&ticket) >> 32;
+        const Job *w = current; /* (valid while a part of it is claimed: its caller waits for it) */
+        pthread_mutex_unlock(&pool_lock);
+        const int64_t i = atomic_fetch_add(&joined, 1); /* (a late worker may take one of the next job's: harmless) */
+        if (i >= w->n) continue;
+        for (int64_t j; (j = claim(seen)) >= 0; atomic_fetch_add(&finished, 1)) run_part(w, j, i);
+    }
+    return NULL;
+}
+
+/* the job's parts, on this thread and up to w->n - 1 workers; one caller at a time (another runs
+ * its parts alone) */
+static void run_job(const Job *w) {
+    if (w->n == 1 || pthread_mutex_trylock(&job_lock) != 0) {
+        for (int64_t j = 0; j < w->parts; j++) run_part(w, j, 0);
+        return;
+    }
+    if (pool_pid != getpid()) { /* (a forked child has none of its parent's threads) */
+        pool_pid = getpid();
+        workers = 0;
+        pthread_mutex_init(&pool_lock, NULL);
+        pthread_cond_init(&pool_wake, NULL);
+    }
+    for (pthread_t th; workers < w->n - 1 && workers < MAX_WORKERS && pthread_create(&th, NULL, work, NULL) == 0; workers++)
+        pthread_detach(th);
+    pthread_mutex_lock(&pool_lock);
+    const uint64_t number = (atomic_load(&ticket) >> 32) + 1;
+    current = w;
+    atomic_store(&finished, 0);
+    atomic_store(&joined, 1);
+    atomic_store(&ticket, number << 32 | (uint64_t)w->parts << 16);
+    pthread_cond_broadcast(&pool_wake);
+    pthread_mutex_unlock(&pool_lock);
+    for (int64_t j; (j = claim(number)) >= 0; atomic_fetch_add(&finished, 1)) run_part(w, j, 0);
+    while (atomic_load(&finished) < w->parts) sched_yield();
+    pthread_mutex_unlock(&job_lock);
+}
+#else
+#define THREADED 0 /* one thread */
+static void run_job(const Job *w) {
+    for (int64_t j = 0; j < w->parts; j++) run_part(w, j, 0);
+}
+#endif
 
 static PyObject *run(PyObject *args, int backward) {
     int max, is_double;
-    Py_ssize_t B;
+    Py_ssize_t B, threads;
     Py_buffer table, gtable = {0}, level;
     if (backward) {
-        if (!PyArg_ParseTuple(args, "ppny*y*y*", &max, &is_double, &B, &table, &gtable, &level)) return NULL;
-    } else if (!PyArg_ParseTuple(args, "ppny*y*", &max, &is_double, &B, &table, &level)) {
+        if (!PyArg_ParseTuple(args, "ppnny*y*y*", &max, &is_double, &B, &threads, &table, &gtable, &level)) return NULL;
+    } else if (!PyArg_ParseTuple(args, "ppnny*y*", &max, &is_double, &B, &threads, &table, &level)) {
         return NULL;
     }
     PyObject *result = NULL;
-    int64_t room, maxRH;
+    Level lv;
     const int64_t *p = (const int64_t *)level.buf, *end = p + level.len / (Py_ssize_t)sizeof(int64_t);
-    int64_t count = scan_level(p, end - p, max, &room, &maxRH);
+    const int64_t *tab = (const int64_t *)table.buf, *gtab = backward ? (const int64_t *)gtable.buf : NULL;
     size_t item = is_double ? sizeof(double) : sizeof(float);
-    void *t = NULL, **ptrs = NULL;
+    char *t = NULL;
+    void **ptrs = NULL;
     int64_t *offs = NULL;
-    if (count < 0) {
+    if (!scan_level(p, end - p, max, tab, gtab, &lv)) {
         PyErr_SetString(PyExc_ValueError, "a malformed level descriptor");
         goto done;
     }
-    t = malloc(room * item);
-    ptrs = malloc(4 * maxRH * sizeof(void *));
-    offs = malloc(2 * maxRH * sizeof(int64_t));
+    const int64_t n = THREADED ? threads_for(&lv, B, threads) : 1;
+    t = malloc(n * lv.room * item); /* per thread: its scratch, pointers and offsets */
+    ptrs = malloc(n * 4 * lv.maxRH * sizeof(void *));
+    offs = malloc(n * 2 * lv.maxRH * sizeof(int64_t));
     if (!t || !ptrs || !offs) {
         PyErr_NoMemory();
         goto done;
     }
     p++;
-    const int64_t *tab = (const int64_t *)table.buf, *gtab = backward ? (const int64_t *)gtable.buf : NULL;
+    const int64_t parts = n == 1 ? 1 : B < PARTS * n ? B : PARTS * n;
+    const Job job = {p, end, &lv, max, backward, is_double, B, n, parts, tab, gtab, t, lv.room * item, ptrs, offs};
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t i = 0; i < count; i++) {
-        Step s;
-        p = parse(p, end, &s); /* (scan_level checked every step) */
-        if (is_double) {
-            double **q = (double **)ptrs;
-            if (max && backward) max_backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
-            else if (max) max_forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
-            else if (backward) backward_step_f64(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
-            else forward_step_f64(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
-        } else {
-            float **q = (float **)ptrs;
-            if (max && backward) max_backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
-            else if (max) max_forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
-            else if (backward) backward_step_f32(&s, B, tab, gtab, t, q, q + maxRH, q + 2 * maxRH, q + 3 * maxRH, offs, offs + maxRH);
-            else forward_step_f32(&s, B, tab, t, q, q + maxRH, offs, offs + maxRH);
-        }
-    }
+    run_job(&job);
     Py_END_ALLOW_THREADS
     Py_INCREF(Py_None);
     result = Py_None;
@@ -922,12 +1106,49 @@ done:
 static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); }
 static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1); }
 
+static PyObject *isas(PyObject *self, PyObject *args) {
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < N_ISAS; i++) {
+        if (!has_isa(i)) continue;
+        PyObject *name = PyUnicode_FromString(ISA_NAMES[i]);
+        if (!name || PyList_Append(out, name) < 0) Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
+    return out;
+}
+
+static PyObject *get_isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ISA_NAMES[isa]); }
+
+static PyObject *set_isa(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    for (int i = 0; i < N_ISAS; i++) {
+        if (strcmp(name, ISA_NAMES[i]) == 0 && has_isa(i)) {
+            isa = i;
+            Py_RETURN_NONE;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "isa: %s is not one of this CPU's (isas())", name);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
-    {"forward", forward, METH_VARARGS, "forward(max, double, B, table, level): the level's items into their heads"},
-    {"backward", backward, METH_VARARGS, "backward(max, double, B, table, grads, level): the level's gradients"},
+    {"forward", forward, METH_VARARGS, "forward(max, double, B, threads, table, level): the level's items into their heads"},
+    {"backward", backward, METH_VARARGS, "backward(max, double, B, threads, table, grads, level): the level's gradients"},
+    {"isas", isas, METH_NOARGS, "isas(): the instruction sets the kernel can run on this CPU, best last"},
+    {"isa", get_isa, METH_NOARGS, "isa(): the instruction set in use (the CPU's best unless set_isa chose another)"},
+    {"set_isa", set_isa, METH_VARARGS, "set_isa(name): run on one of isas()"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__kernel(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernel(void) {
+    for (int i = 0; i < N_ISAS; i++) if (has_isa(i)) isa = i;
+    PyObject *m = PyModule_Create(&module);
+    if (m && (PyModule_AddIntConstant(m, "GRAIN", GRAIN) < 0 || PyModule_AddIntConstant(m, "threaded", THREADED) < 0)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

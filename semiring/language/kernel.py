@@ -12,7 +12,11 @@ same descriptors), on forward-mode dual tensors, in another semiring, or where t
 extension was not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
 kernel applies, a chain with a matrix per level runs in it level by level rather than as a fused
 scan (3.5 vs 21 ms for chain marginals at B=4, N=256, C=16); a scan of one matrix for every level
-stays a scan (:meth:`~.execute.Run.scans`).
+stays a scan (:meth:`~.execute.Run.scans`). A level splits the batch across up to
+``torch.get_num_threads()`` threads where it is large enough (POSIX threads, where the extension was
+built with them; the caller never waits for a worker that has not started): each example is computed as on one thread, so the numbers do not depend on the count; a
+level that writes a buffer shared by the batch (the gradient of an input every example reads) runs
+on one.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Bound:
 
     def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, double: bool, max: bool):
         self.levels, self.batch, self.double, self.max = levels, batch, double, max
+        self.threads = torch.get_num_threads()
         self.table = levels.table(buf)
         self.grads: np.ndarray | None = None
 
@@ -59,7 +64,7 @@ class Bound:
         d = self.levels.forward[lev]
         if d is None:
             return False
-        _kernel.forward(self.max, self.double, self.batch, self.table, d)
+        _kernel.forward(self.max, self.double, self.batch, self.threads, self.table, d)
         return True
 
     def backward(self, lev: int, grads: dict[str, Tensor]) -> bool:
@@ -68,7 +73,7 @@ class Bound:
             return False
         if self.grads is None:
             self.grads = self.levels.table(grads)
-        _kernel.backward(self.max, self.double, self.batch, self.table, self.grads, d)
+        _kernel.backward(self.max, self.double, self.batch, self.threads, self.table, self.grads, d)
         return True
 
 
