@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -81,20 +81,30 @@ def dependency_trees(n: int) -> Iterator[list[tuple[int, int]]]:
     """Every dependency tree over words 1..n with the root at position 0 (which may have several
     children), projective or not: the list of its arcs (head, dependent)."""
     for heads in itertools.product(range(n + 1), repeat=n):
-        arcs = [(h, d) for d, h in enumerate(heads, start=1)]
-        if not any(h == d for h, d in arcs) and all(_climbs_to_root(d, heads) for d in range(1, n + 1)):
-            yield arcs
+        if is_tree(heads):
+            yield [(h, d) for d, h in enumerate(heads, start=1)]
 
 
 def projective_trees(n: int) -> Iterator[list[tuple[int, int]]]:
     """The trees of :func:`dependency_trees` whose arcs do not cross."""
     for arcs in dependency_trees(n):
-        spans = [tuple(sorted(a)) for a in arcs]
-        if not any(a < c < b < e for a, b in spans for c, e in spans):
+        if not crosses([h for h, _ in arcs]):
             yield arcs
 
 
-def _climbs_to_root(d: int, heads: tuple[int, ...]) -> bool:
+def is_tree(heads: Sequence[int]) -> bool:
+    """Whether ``heads`` (word d's head at d-1, in 0..n, 0 the root) form a tree: no word heads
+    itself and every word reaches the root without a cycle."""
+    return all(_climbs_to_root(d, heads) for d in range(1, len(heads) + 1))
+
+
+def crosses(heads: Sequence[int]) -> bool:
+    """Whether two arcs of ``heads`` (as in :func:`is_tree`) cross: the tree is not projective."""
+    spans = [tuple(sorted((h, d))) for d, h in enumerate(heads, start=1)]
+    return any(a < c < b < e for a, b in spans for c, e in spans)
+
+
+def _climbs_to_root(d: int, heads: Sequence[int]) -> bool:
     seen = set()
     while d != 0:
         if d in seen:

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch.testing import assert_close
 
-from brute import FAMILIES, random_lengths, random_potentials
+from brute import FAMILIES, crosses, is_tree, random_lengths, random_potentials
 from structures import EmissionCRF, LinearChainCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF
 from structures.nn import CRF, SubtreeAttention, TreeLSTM
 
@@ -25,23 +25,6 @@ TREES = {
     "second-order": lambda theta, **kw: SecondOrderDependencyCRF(theta, torch.zeros(*theta.shape, theta.shape[-1], dtype=theta.dtype), **kw),
 }
 per_tree = pytest.mark.parametrize("make", TREES.values(), ids=TREES.keys())
-
-
-def is_tree(heads: list[int]) -> bool:
-    """Whether ``heads`` (word m's head at m-1, 0 the root) reach the root from every word without a cycle."""
-    for m in range(1, len(heads) + 1):
-        seen, h = set(), m
-        while h != 0:
-            if h in seen:
-                return False
-            seen.add(h)
-            h = heads[h - 1]
-    return True
-
-
-def crossing(heads: list[int]) -> bool:
-    arcs = [(min(h, m), max(h, m)) for m, h in enumerate(heads, 1)]
-    return any(a < c < b < d for a, b in arcs for c, d in arcs)
 
 
 @per_tree
@@ -72,9 +55,9 @@ def test_log_prob_of_any_heads_is_finite_exactly_for_a_tree_else_minus_inf_or_a_
         with pytest.raises(ValueError, match="value: heads must lie in"):
             d.log_prob(value)
         return
-    tree = is_tree(heads) and not any(h == m for m, h in enumerate(heads, 1))
+    tree = is_tree(heads)
     if not isinstance(d, NonProjectiveDependencyCRF):  # Eisner's trees (first and second order) do not cross
-        tree = tree and not crossing(heads)
+        tree = tree and not crosses(heads)
     if getattr(d, "single_root", False):
         tree = tree and heads.count(0) == 1
     assert bool(torch.isfinite(d.log_prob(value))) == tree
