@@ -135,6 +135,25 @@ def test_the_log_likelihood_gradient_is_the_expected_counts():
         assert_close(g, counts[k])
 
 
+@pytest.mark.parametrize("with_lengths", [False, True])
+def test_gradcheck_and_gradgradcheck_float64(with_lengths):
+    """log p(x) and the posterior marginals are differentiable in float64 w.r.t. every parameter,
+    to second order for log p(x), with and without lengths (padding included)."""
+    params, words, lengths = random_problem(3, 4, 3, 5, seed=11)
+    lengths = lengths if with_lengths else None
+    leaves = tuple(t.clone().requires_grad_() for t in (params.emission, params.transitions, params.start))
+
+    def log_px(emission, transitions, start):
+        return HMM(words, emission, transitions, start, lengths).log_partition
+
+    def marginals(emission, transitions, start):
+        return HMM(words, emission, transitions, start, lengths).marginals
+
+    assert torch.autograd.gradcheck(log_px, leaves)
+    assert torch.autograd.gradgradcheck(log_px, leaves)
+    assert torch.autograd.gradcheck(marginals, leaves)
+
+
 def test_a_sequence_of_probability_zero_counts_nothing():
     params, words, lengths = random_problem(3, 4, 3, 5, seed=7)
     emission = torch.cat([params.emission, torch.full((3, 1), -math.inf, dtype=torch.float64)], 1)  # a word never emitted
