@@ -196,6 +196,20 @@ def test_gradcheck_float64():
     assert torch.autograd.gradcheck(lambda *y: TDPCFG(*y, lengths).log_partition, y)
 
 
+@pytest.mark.parametrize("cls", ["PCFG", "TDPCFG"])
+def test_gradgradcheck_float64(cls):
+    """Second-order gradients of log Z (the path of the marginals' backward) are right in float64,
+    with lengths, w.r.t. every input: PCFG's terms, rules and roots; TDPCFG's terms, factors and roots."""
+    terms, rules, roots = grammar(B=2, N=3, NT=2, T=2, forbid=False)
+    lengths = torch.tensor([3, 2])
+    if cls == "PCFG":
+        x = [t.clone().requires_grad_() for t in (terms, rules, roots)]
+        assert torch.autograd.gradgradcheck(lambda *x: PCFG(*x, lengths).log_partition, x)
+    else:
+        y = [t.clone().requires_grad_() for t in (terms, *factors(2, 2, 2, 2), roots)]
+        assert torch.autograd.gradgradcheck(lambda *y: TDPCFG(*y, lengths).log_partition, y)
+
+
 def test_inputs_are_not_modified():
     terms, rules, roots = grammar()
     before = [t.clone() for t in (terms, rules, roots)]
