@@ -186,6 +186,26 @@ def test_tdpcfg_equals_enumeration_of_every_derivation():
     assert_close((td.log_prob(values).exp() * valid).sum(0), torch.ones(B, dtype=torch.float64))
 
 
+def test_tdpcfg_with_lengths_equals_enumeration_of_each_example_at_its_own_length():
+    """A padded batch (lengths 3, 2, 2 in N = 4; TDPCFG takes lengths 2..N): each example's log Z, max and marginals are those
+    of the derivations over its own words, enumerated from its inputs; padding carries nothing."""
+    B, N, NT, T, R = 3, 4, 2, 2, 2
+    terms, _, roots = grammar(B, N, NT, T, forbid=False)
+    terms[:, 3:] = 50.0  # padding holds large values: it must carry no mass
+    U, V, W = factors(B, NT, T, R, seed=2)
+    V[2, 0, 1] = float("-inf")
+    lengths = torch.tensor([3, 2, 2])
+    td = TDPCFG(terms, U, V, W, roots, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        alone = TDPCFG(terms[b:b + 1, :n], U[b:b + 1], V[b:b + 1], W[b:b + 1], roots[b:b + 1])  # only for its shape
+        e = Trees(alone, 0, terms[b:b + 1, :n], roots[b:b + 1],
+                  lambda a, x, y, r: U[b, a, r] + V[b, x, r] + W[b, y, r], ranks=R)
+        assert_close(td.log_partition[b], torch.logsumexp(e.scores, 0))
+        assert_close(td.max[b], e.scores.max())
+        assert_close(td.marginals[b, :n, :n], e.marginals)
+        assert (td.marginals[b, n:] == 0).all() and (td.marginals[b, :, n:] == 0).all()
+
+
 def test_gradcheck_float64():
     terms, rules, roots = grammar(B=2, N=4, forbid=False)
     lengths = torch.tensor([4, 3])
