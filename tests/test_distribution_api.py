@@ -293,14 +293,22 @@ def test_a_bad_sample_shape_is_a_value_error_naming_it(family, sample_shape):
 
 @per_case
 def test_a_torch_distribution_with_kl_divergence_registered(case):
-    d, q = dist(case), dist(case, problem(case).q_theta)
+    """torch's names answer as the enumeration says: kl_divergence is KL(p || q), mean is E_p[z],
+    mode a best structure, variance E_p[(z - E_p z)^2] per part, perplexity exp of the entropy."""
+    p = problem(case)
+    d, q = dist(case), dist(case, p.q_theta)
     assert isinstance(d, torch.distributions.Distribution)
     assert d.batch_shape == d.log_potentials.shape[:1] and d.event_shape == d.log_potentials.shape[1:]
-    assert_close(torch.distributions.kl_divergence(d, q), d.kl(q))
-    assert_close(d.mean, d.marginals)
-    assert torch.equal(d.mode, d.argmax)
-    assert_close(d.variance, d.marginals * (1 - d.marginals))
-    assert_close(d.perplexity(), d.entropy().exp())
+    assert_close(torch.distributions.kl_divergence(d, q), torch.stack([e.kl(f) for e, f in zip(p.enums, p.q_enums)]))
+    assert_close(d.mean, torch.stack([e.marginals for e in p.enums]))
+    variance = [torch.einsum("s,s...->...", e.probs, (e.parts - e.marginals) ** 2) for e in p.enums]
+    assert_close(d.variance, torch.stack(variance))
+    for b, e in enumerate(p.enums):
+        if e.count == 0:
+            assert (d.mode[b] == 0).all()
+        else:
+            assert e.scores[e.index(d.mode[b])] == e.max
+    assert_close(d.perplexity(), torch.stack([e.entropy for e in p.enums]).exp())
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=str)
