@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from brute import NONPROJECTIVE_SINGLE_ROOT
 from structures import NonProjectiveDependencyCRF, ProjectiveDependencyCRF
 from structures.spanning.decode.arborescence import is_tree
 from structures.nn import AttentionOutput, StructuredSelfAttention
@@ -46,7 +47,9 @@ def test_attention_is_the_single_root_structures_marginals(scores):
     out = m(states, values, lengths)
     crf = NonProjectiveDependencyCRF(m.arc_scores(states), lengths, single_root=True)
     torch.testing.assert_close(out.attention, crf.marginals)
-    torch.testing.assert_close(out.attention, out.distribution.marginals)
+    # and those of every single-root tree enumerated (tests/brute.py), scored by the same arc scores
+    enums = NONPROJECTIVE_SINGLE_ROOT.enumerate(m.arc_scores(states).detach().double(), lengths)
+    torch.testing.assert_close(out.attention.double(), torch.stack([e.marginals for e in enums]), atol=1e-5, rtol=1e-4)
     # every real word has one head in expectation, and the root exactly one child
     torch.testing.assert_close(out.attention[:, :, 1:].sum(1), (torch.arange(5) < lengths[:, None]).float())
     torch.testing.assert_close(out.attention[:, 0].sum(1), torch.ones(3))
