@@ -1,5 +1,7 @@
 """Where one call of ours spends its GPU time: for the main GPU rows, the first call's time (Triton
-compiles its kernels then), a warm call's, and torch.profiler's kernels by total GPU time.
+compiles its kernels then), a warm call's, and torch.profiler's kernels by total GPU time; then the
+same rows' warm time under other settings of the Triton levels (tile ``BI x BK``, warps per program;
+a linear chain as a scan or as levels), to choose them on a GPU.
 
     python -m benchmarks.gpu_profile [--top 12] [--out profile.md]
 
@@ -14,7 +16,12 @@ from typing import Callable
 
 import torch
 
-from benchmarks import chain, ctc, pcfg, projective
+from benchmarks import chain, constituency, ctc, pcfg, projective
+from semiring.language import triton_levels
+
+SETTINGS = [  # (BI, BK, WARPS, CHAIN_SCANS); the first is the default
+    (32, 32, 4, True), (32, 32, 4, False), (16, 16, 4, True), (32, 32, 8, True), (32, 32, 2, True),
+    (64, 16, 4, True), (16, 64, 4, True), (64, 32, 8, True)]
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -27,13 +34,36 @@ def _timed(fn: Callable[[], object]) -> float:
 
 def calls() -> dict[str, Callable[[], object]]:
     theta = torch.randn(projective.B, 65, 65)
+    spans = torch.randn(constituency.B, 40, 40, constituency.L)
     B, T, V, S = ctc.SIZES[0]
     return {
         "chain marginals B32 N128 C32": chain.make_chain("marginals", "ours", 32),
         f"CTC loss + gradient B{B} T{T} V{V} S{S}": ctc.implementations(B, T, V, S)["ours"],
         "projective marginals B16 n64": lambda: projective.ours(theta),
         "PCFG inside B8 N30 NT30 T60": pcfg.implementations("inside", *pcfg.grammar(*pcfg.SIZES[0]))["ours"],
+        "constituency marginals B16 n40 L8": lambda: constituency.ours(spans),
+        "CRF nll B32 N128 C32": chain.make_crf("nll", "ours (nn.CRF)", True),
     }
+
+
+def sweep(rows: dict[str, Callable[[], object]]) -> list[str]:
+    """Each row's warm time (best of 5, ms) under each of :data:`SETTINGS`."""
+    saved = triton_levels.BI, triton_levels.BK, triton_levels.WARPS, triton_levels.CHAIN_SCANS
+    lines = ["\n## Settings of the Triton levels: warm ms, best of 5\n",
+             "| BI, BK, warps, chain scans | " + " | ".join(rows) + " |", "|:--|" + "--:|" * len(rows)]
+    try:
+        for setting in SETTINGS:
+            triton_levels.BI, triton_levels.BK, triton_levels.WARPS, triton_levels.CHAIN_SCANS = setting
+            triton_levels.SPLIT = 16 * setting[0] * setting[1]
+            cells = []
+            for fn in rows.values():
+                fn()
+                cells.append(f"{min(_timed(fn) for _ in range(5)) * 1e3:.2f}")
+            lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    finally:
+        triton_levels.BI, triton_levels.BK, triton_levels.WARPS, triton_levels.CHAIN_SCANS = saved
+        triton_levels.SPLIT = 16 * saved[0] * saved[1]
+    return lines
 
 
 def main(argv=None) -> None:
@@ -43,7 +73,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     lines = [f"GPU: {torch.cuda.get_device_name()}"]
     with torch.device("cuda"):
-        for label, fn in calls().items():
+        rows = calls()
+        for label, fn in rows.items():
             first = _timed(fn)
             warm = min(_timed(fn) for _ in range(5))
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -54,6 +85,7 @@ def main(argv=None) -> None:
             lines += [f"\n## {label}\nfirst call {first:.3f} s, warm {warm * 1e3:.2f} ms, {len(kernels)} GPU kernels, "
                       f"{busy:.2f} ms of GPU time\n",
                       prof.key_averages().table(sort_by="device_time_total", row_limit=args.top, max_name_column_width=60)]
+        lines += sweep(rows)
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -14,6 +14,8 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from . import triton_scan
+
 NEG_INF = float("-inf")
 
 
@@ -175,6 +177,11 @@ class _LogScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None, differentiated: bool) -> Tensor:
+        ctx.triton = triton_scan.applies(init, xs, unary)
+        if ctx.triton:
+            alphas, base = triton_scan.forward(init, xs, unary, is_max=False)
+            ctx.save_for_backward(init, xs, unary, base, alphas)
+            return alphas
         steps, one_matrix = _scan_shapes(init, xs, unary)
         base = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # the ⊕ of each step, before unary
         ctx.products = one_matrix and xs.shape[0] == 1 and _on_host(xs) and _LogScan._by_products(ctx, init, xs, unary, base)
@@ -236,6 +243,8 @@ class _LogScan(torch.autograd.Function):
         init, xs, unary, base, alphas = ctx.saved_tensors
         if torch.is_grad_enabled():
             return (*_scan_grad(Log, grad, init, xs, unary), None)
+        if ctx.triton:
+            return (*triton_scan.backward(init, xs, unary, alphas, base, grad, is_max=False), None)
         steps = base.shape[0]
         carry = torch.zeros_like(init)
         gu = torch.empty_like(grad) if unary is not None else None
@@ -285,6 +294,11 @@ class _MaxScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, init: Tensor, xs: Tensor, unary: Tensor | None) -> Tensor:
+        ctx.triton = triton_scan.applies(init, xs, unary)
+        if ctx.triton:
+            alphas, _ = triton_scan.forward(init, xs, unary, is_max=True)
+            ctx.save_for_backward(init, xs, unary, alphas)
+            return alphas
         steps, _ = _scan_shapes(init, xs, unary)
         per_step = xs.shape[1] > 1  # else one matrix [*, 1, K, L] for every step
         alphas = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
@@ -306,6 +320,8 @@ class _MaxScan(torch.autograd.Function):
         init, xs, unary, alphas = ctx.saved_tensors
         if torch.is_grad_enabled():
             return _scan_grad(Max, grad, init, xs, unary)
+        if ctx.triton:
+            return triton_scan.backward(init, xs, unary, alphas, alphas, grad, is_max=True)
         per_step = xs.shape[1] > 1
         nonzero = grad != 0
         if _on_host(grad) and bool(nonzero.flatten(1).sum(1).le(1).all()):  # each example's gradient is one best path

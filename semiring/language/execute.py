@@ -20,6 +20,7 @@ import math
 import torch
 from torch import Tensor
 
+from .. import triton_scan
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from . import kernel, triton_levels
 from .fuse import ARENA
@@ -233,11 +234,15 @@ class Run:
         tensors: its nodes have no forward-mode derivative). Where the C kernel runs the levels,
         only the scans of one matrix for every level (an HMM's, an EmissionCRF's: the scan multiplies
         matrices there, 3.6x faster than the kernel's sums); a chain of a matrix per level runs in
-        the kernel (1.1-6x faster than its scan at C = 32 and 16)."""
+        the kernel (1.1-6x faster than its scan at C = 32 and 16). On a GPU, the scans the Triton
+        scan takes (:data:`.triton_levels.CHAIN_SCANS`: of a matrix per level too)."""
         if dual or type(self.semiring).scan is Semiring.scan:
             return {}
-        if self.native:
+        if self.native is kernel or (self.native is triton_levels and not triton_levels.CHAIN_SCANS):
             return {lev: scan for lev, scan in self.plan.scans.items() if scan.matrix.strides[0] == 0}
+        if self.native is triton_levels:
+            return {lev: scan for lev, scan in self.plan.scans.items()
+                    if scan.matrix.strides[0] == 0 or scan.matrix.sizes[-1] <= triton_scan.MAX_STATES}
         return self.plan.scans
 
     def scan(self, scan: Scan, read) -> Tensor:

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from .pack import Packed, Switch, packed
+from ..switch import Switch
+from .pack import Packed, packed
 from .plan import Plan, Step
 from .syntax import GOAL
 

@@ -15,8 +15,6 @@ clamped into ``0..bound - 1`` where ``bound`` > 0 (a gather): the views of
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -26,24 +24,6 @@ from .plan import Plan, Step
 from .syntax import GOAL
 
 MAX_DIMS, MAX_READS = 16, 32  # coordinates and terms of a step (_kernel.c's MAXDIM, MAXREADS)
-
-
-class Switch:
-    """A kernel's on/off flag: true or false as set, :meth:`to` sets it for the runs inside."""
-
-    def __init__(self, on: bool):
-        self.on = on
-
-    def __bool__(self) -> bool:
-        return self.on
-
-    @contextmanager
-    def to(self, on: bool) -> Iterator[None]:
-        was, self.on = self.on, on
-        try:
-            yield
-        finally:
-            self.on = was
 
 
 class Packed:

@@ -21,36 +21,49 @@ the first run). The backward's atomic adds make float32 gradients vary in their 
 from __future__ import annotations
 
 import importlib.util
-from typing import ContextManager
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from .. import triton_scan
 from ..semirings import LogSemiring, MaxSemiring, Semiring
-from .pack import Packed, Switch, packed
+from ..switch import Switch
+from .pack import Packed, packed
 from .plan import Plan, Step
 from .syntax import GOAL
 
 BI, BK = 32, 32  # a tile of a step's box: items by instances
+WARPS = 4  # per program
 # A level of more instances per example than this runs a step per launch, its item tiles spread over
 # up to MAX_TILES programs per example (below it, one program per example loops over the level's
 # tiles: at 16 tiles of BI x BK, about what a launch costs). Not yet tuned on a GPU.
 SPLIT, MAX_TILES = 16 * BI * BK, 1024
+CHAIN_SCANS = True
+"""Whether a chain of a matrix per level (a linear-chain CRF's) runs as one scan
+(:mod:`semiring.triton_scan`, its state in registers) rather than as a stretch of levels here."""
 _TRITON = importlib.util.find_spec("triton") is not None
 _enabled = Switch(True)
 _interpreting = Switch(False)
 
 
-def disabled() -> ContextManager[None]:
-    """Runs inside use the torch calls, not the Triton kernels (to compare the two paths)."""
-    return _enabled.to(False)
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Runs inside use the torch calls, not the Triton kernels, their scans' neither
+    (:mod:`semiring.triton_scan`; to compare the two paths)."""
+    with _enabled.to(False), triton_scan.enabled.to(False):
+        yield
 
 
-def interpreted() -> ContextManager[None]:
-    """Runs inside on CPU tensors take the Triton kernels too, in Triton's interpreter (tests; the
-    environment variable ``TRITON_INTERPRET=1`` must be set before the first run imports them)."""
-    return _interpreting.to(True)
+@contextmanager
+def interpreted() -> Iterator[None]:
+    """Runs inside on CPU tensors take the Triton kernels too, their scans' too, in Triton's
+    interpreter (tests; the environment variable ``TRITON_INTERPRET=1`` must be set before the first
+    run imports them)."""
+    with _interpreting.to(True), triton_scan.interpreting.to(True):
+        yield
 
 
 def available() -> bool:
@@ -133,7 +146,8 @@ class Bound:
         self.grads: Tensor | None = None
 
     def _launch(self, kernel, lev: int, first: int, last: int, items: list[int], *args) -> None:
-        constants = dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=float(torch.finfo(self.dtype).min), BI=BI, BK=BK)
+        constants = dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=float(torch.finfo(self.dtype).min), BI=BI, BK=BK,
+                         num_warps=WARPS)
         if lev not in self.split:
             kernel[(self.batch, 1)](*args, first, last, -1, **constants)
             return

@@ -1,0 +1,133 @@
+"""The Triton scan (:mod:`semiring.triton_scan`) computes what the torch calls of ``Semiring.scan``
+compute, in the Log and Max semirings: the states of every step and the gradients of the initial
+state, the matrices and the unaries (Max: the backtrace), for a matrix per step and example, one
+matrix for every step and example (a transition matrix), with and without unaries,
+forbidden (-inf) transitions and states of no path, float32 and float64; and a chain program
+(EmissionCRF, nn.CRF) runs its scan in one launch each way.
+
+Marked ``triton``; without CUDA the kernel runs in Triton's interpreter on CPU tensors."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+import semiring as sr
+from semiring import triton_scan
+from semiring.language import triton_levels
+from structures import EmissionCRF
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+pytestmark = [pytest.mark.triton,
+              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed"),
+              pytest.mark.filterwarnings("ignore::RuntimeWarning"),
+              pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="no CUDA and no interpreter"),
+              pytest.mark.skipif(CUDA and os.environ.get("TRITON_INTERPRET") == "1",
+                                 reason="TRITON_INTERPRET=1 beside a GPU: the interpreter cannot read device buffers")]
+
+SHAPES = {  # (xs's batch, xs's steps): which of [B, T, K, K] the matrices vary along (Semiring.scan's two forms)
+    "a matrix per step and example": (True, True),
+    "one matrix for every step and example": (False, False),
+}
+
+
+def using(triton: bool):
+    """Runs inside take the scan kernel (in the interpreter without CUDA), or the torch calls."""
+    if not triton:
+        return triton_levels.disabled()
+    return contextlib.nullcontext() if CUDA else triton_levels.interpreted()
+
+
+def scan_inputs(shape: str, unary: bool, dtype, B=3, T=6, K=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    per_example, per_step = SHAPES[shape]
+    xs = torch.randn(B if per_example else 1, T if per_step else 1, K, K, generator=g, dtype=dtype)
+    xs[..., 1, 2] = float("-inf")  # a forbidden transition
+    xs[..., :, 4] = float("-inf")  # and a state no path reaches (without a unary to revive it)
+    init = torch.randn(B, K, generator=g, dtype=dtype)
+    u = torch.randn(B, T, K, generator=g, dtype=dtype) if unary or not per_step else None
+    return [t.to(DEVICE) if t is not None else None for t in (init, xs, u)]
+
+
+def run(semiring, init, xs, u, triton: bool):
+    """The states, and the gradients of (init, xs, u) against a fixed weighting of every state."""
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in (init, xs, u)]
+    with using(triton):
+        assert triton_scan.applies(*leaves) == triton
+        alphas = semiring.scan(*leaves)
+        weight = torch.linspace(-1, 1, alphas.numel(), dtype=alphas.dtype, device=alphas.device).reshape(alphas.shape)
+        if semiring is sr.Max:  # the backtrace of one best end state per example
+            weight = torch.zeros_like(alphas)
+            weight[:, -1, 0] = 1.0
+        grads = torch.autograd.grad((torch.where(alphas.isfinite(), alphas, 0) * weight).sum(),
+                                    [t for t in leaves if t is not None])
+    return alphas.detach(), grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("unary", [True, False])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=["Log", "Max"])
+def test_the_scan_kernel_gives_the_torch_calls_values_and_gradients(semiring, shape, unary, dtype):
+    inputs = scan_inputs(shape, unary, dtype)
+    want, want_grads = run(semiring, *inputs, triton=False)
+    got, got_grads = run(semiring, *inputs, triton=True)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    assert_close(got, want, **tol)
+    assert got[..., 4].eq(float("-inf")).any() == want[..., 4].eq(float("-inf")).any()
+    for g, w in zip(got_grads, want_grads):
+        assert_close(g, w, **tol)
+
+
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=["Log", "Max"])
+def test_a_chain_structure_takes_the_scan_kernel_in_one_launch_each_way(semiring, monkeypatch):
+    from semiring import _triton_scan_kernels as kernels
+
+    seen = []
+    for name in ("forward", "backward"):
+        fn = getattr(kernels, name)
+
+        class Counted:
+            def __init__(self, fn, name):
+                self.fn, self.name = fn, name
+
+            def __getitem__(self, grid):
+                seen.append(self.name)
+                return self.fn[grid]
+
+        monkeypatch.setattr(kernels, name, Counted(fn, name))
+    g = torch.Generator().manual_seed(1)
+    emissions = torch.randn(3, 7, 4, generator=g, dtype=torch.float64).to(DEVICE)
+    transitions = torch.randn(4, 4, generator=g, dtype=torch.float64).to(DEVICE)
+    lengths = torch.tensor([7, 3, 5], device=DEVICE)
+
+    def marginals(triton: bool):
+        with using(triton):
+            d = EmissionCRF(emissions, transitions, lengths=lengths)
+            return d.argmax if semiring is sr.Max else d.marginals
+
+    want = marginals(False)
+    seen.clear()
+    got = marginals(True)
+    assert seen == ["forward", "backward"]
+    assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_the_kernel_declines_what_it_does_not_take():
+    init, xs, u = scan_inputs("a matrix per step and example", True, torch.float64)
+    with triton_levels.interpreted():
+        assert triton_scan.applies(init, xs, u)
+        assert not triton_scan.applies(init, xs.float(), u)  # mixed dtypes
+        assert not triton_scan.applies(init.half(), xs.half(), u.half())
+        assert not triton_scan.applies(init[:0], xs[:0], u[:0])  # no examples
+        big = triton_scan.MAX_STATES + 1
+        assert not triton_scan.applies(init.new_zeros(3, big), xs.new_zeros(3, 6, big, big), None)
+    with triton_levels.disabled():
+        assert not triton_scan.applies(init, xs, u)
