@@ -19,9 +19,9 @@ import torch
 from benchmarks import chain, constituency, ctc, pcfg, projective
 from semiring.language import triton_levels
 
-SETTINGS = [  # (BI, BK, WARPS, CHAIN_SCANS); the first is the default
-    (32, 32, 4, True), (32, 32, 4, False), (16, 16, 4, True), (32, 32, 8, True), (32, 32, 2, True),
-    (64, 16, 4, True), (16, 64, 4, True), (64, 32, 8, True)]
+SETTINGS = [  # overrides of triton_levels' settings; the first: none (the defaults)
+    {}, {"CHAIN_SCANS": False}, {"POINTWISE_BI": 0}, {"POINTWISE_BI": 64}, {"POINTWISE_BI": 256}, {"BI": 16, "BK": 16}, {"WARPS": 8},
+    {"WARPS": 2}, {"BI": 64, "BK": 16}, {"BI": 16, "BK": 64}, {"WARPS": 2, "POINTWISE_BI": 64}]
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -48,30 +48,40 @@ def calls() -> dict[str, Callable[[], object]]:
 
 def sweep(rows: dict[str, Callable[[], object]]) -> list[str]:
     """Each row's warm time (best of 5, ms) under each of :data:`SETTINGS`."""
-    saved = triton_levels.BI, triton_levels.BK, triton_levels.WARPS, triton_levels.CHAIN_SCANS
     lines = ["\n## Settings of the Triton levels: warm ms, best of 5\n",
-             "| BI, BK, warps, chain scans | " + " | ".join(rows) + " |", "|:--|" + "--:|" * len(rows)]
-    try:
-        for setting in SETTINGS:
-            triton_levels.BI, triton_levels.BK, triton_levels.WARPS, triton_levels.CHAIN_SCANS = setting
-            triton_levels.SPLIT = 16 * setting[0] * setting[1]
+             "| setting | " + " | ".join(rows) + " |", "|:--|" + "--:|" * len(rows)]
+    for setting in SETTINGS:
+        saved = {name: getattr(triton_levels, name) for name in (*setting, "SPLIT")}
+        for name, value in setting.items():
+            setattr(triton_levels, name, value)
+        triton_levels.SPLIT = 16 * triton_levels.BI * triton_levels.BK
+        try:
             cells = []
             for fn in rows.values():
                 fn()
                 cells.append(f"{min(_timed(fn) for _ in range(5)) * 1e3:.2f}")
-            lines.append(f"| {setting} | " + " | ".join(cells) + " |")
-    finally:
-        triton_levels.BI, triton_levels.BK, triton_levels.WARPS, triton_levels.CHAIN_SCANS = saved
-        triton_levels.SPLIT = 16 * saved[0] * saved[1]
+        finally:
+            for name, value in saved.items():
+                setattr(triton_levels, name, value)
+        lines.append(f"| {setting or 'defaults'} | " + " | ".join(cells) + " |")
     return lines
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--top", type=int, default=12)
-    p.add_argument("--out")
+    p.add_argument("--out", help="also write the report to this file (as it goes)")
     args = p.parse_args(argv)
-    lines = [f"GPU: {torch.cuda.get_device_name()}"]
+    out = open(args.out, "w") if args.out else None
+
+    def say(*lines: str) -> None:
+        for line in lines:
+            print(line, flush=True)
+            if out:
+                out.write(line + "\n")
+                out.flush()
+
+    say(f"GPU: {torch.cuda.get_device_name()}")
     with torch.device("cuda"):
         rows = calls()
         for label, fn in rows.items():
@@ -82,15 +92,10 @@ def main(argv=None) -> None:
                 torch.cuda.synchronize()
             kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
             busy = sum(e.device_time for e in kernels) / 1e3
-            lines += [f"\n## {label}\nfirst call {first:.3f} s, warm {warm * 1e3:.2f} ms, {len(kernels)} GPU kernels, "
-                      f"{busy:.2f} ms of GPU time\n",
-                      prof.key_averages().table(sort_by="device_time_total", row_limit=args.top, max_name_column_width=60)]
-        lines += sweep(rows)
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+            say(f"\n## {label}\nfirst call {first:.3f} s, warm {warm * 1e3:.2f} ms, {len(kernels)} GPU kernels, "
+                f"{busy:.2f} ms of GPU time\n",
+                prof.key_averages().table(sort_by="device_time_total", row_limit=args.top, max_name_column_width=60))
+        say(*sweep(rows))
 
 
 if __name__ == "__main__":

@@ -200,22 +200,23 @@ COMPILE = """
 import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from semiring.language import _triton_kernels as kernels
+from semiring.language import _triton_kernels as kernels, triton_levels as levels
 for name, buffers in (("forward", ["table"]), ("backward", ["table", "gtable"])):
     for dtype, lowest in ((tl.float32, -3.4028234663852886e38), (tl.float64, -1.7976931348623157e308)):
         for is_max in (False, True):
-            constants = dict(IS_MAX=is_max, DTYPE=dtype, LOWEST=lowest, BI=32, BK=32)
-            signature = {"desc": "*i64", "starts": "*i64", **{b: "*i64" for b in buffers}, "first": "i32", "last": "i32", "only": "i32",
-                         **{c: "constexpr" for c in constants}}
-            compiled = triton.compile(ASTSource(getattr(kernels, name), signature, constants), target=GPUTarget("cuda", 90, 32))
-            assert len(compiled.asm["cubin"]) > 0
+            for bi, bk in ((levels.BI, levels.BK), (levels.POINTWISE_BI, 1)):
+                constants = dict(IS_MAX=is_max, DTYPE=dtype, LOWEST=lowest, BI=bi, BK=bk)
+                signature = {"desc": "*i64", "starts": "*i64", **{b: "*i64" for b in buffers}, "first": "i32", "last": "i32",
+                             "only": "i32", **{c: "constexpr" for c in constants}}
+                compiled = triton.compile(ASTSource(getattr(kernels, name), signature, constants), target=GPUTarget("cuda", 90, 32))
+                assert len(compiled.asm["cubin"]) > 0
 print("compiled")
 """
 
 
 def test_the_kernels_compile_for_an_h100_without_one():
     """The interpreter runs Python, not the compiler: every kernel (forward and backward, Log and
-    Max, float32 and float64) also compiles to a cubin for sm_90 (Triton's own ptxas, no GPU needed)."""
+    Max, float32 and float64, both tiles) also compiles to a cubin for sm_90 (Triton's own ptxas, no GPU needed)."""
     import subprocess
     import sys
 

@@ -131,3 +131,34 @@ def test_the_kernel_declines_what_it_does_not_take():
         assert not triton_scan.applies(init.new_zeros(3, big), xs.new_zeros(3, 6, big, big), None)
     with triton_levels.disabled():
         assert not triton_scan.applies(init, xs, u)
+
+
+COMPILE = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from semiring import _triton_scan_kernels as kernels
+ints = ["T", "K", "s_ib", "s_ik", "s_xb", "s_xt", "s_xk", "s_xl"]
+for dtype, is_max, unary, bk in (("*fp32", False, True, 32), ("*fp64", True, False, 32), ("*fp32", True, True, 128),
+                                 ("*fp64", False, False, 4)):
+    forward = {**{p: dtype for p in ("init", "xs", "unary", "alphas", "base")}, **{i: "i32" for i in ints},
+               **{i: "i32" for i in ("s_ub", "s_ut", "s_ul")}}
+    backward = {**{p: dtype for p in ("init", "xs", "alphas", "base", "grad", "g_init", "g_xs", "g_unary")},
+                **{i: "i32" for i in ints}}
+    for kernel, signature, flags in ((kernels.forward, forward, {}), (kernels.backward, backward, {"PER_STEP": unary})):
+        constants = dict(HAS_UNARY=unary, IS_MAX=is_max, **flags, BK=bk)
+        source = ASTSource(kernel, signature | {c: "constexpr" for c in constants}, constants)
+        assert len(triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["cubin"]) > 0
+print("compiled")
+"""
+
+
+def test_the_scan_kernels_compile_for_an_h100_without_one():
+    """The interpreter runs Python, not the compiler: both kernels also compile to a cubin for sm_90
+    (Log and Max, float32 and float64, with and without unaries, at 4, 32 and 128 states, each met once)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    done = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

@@ -49,11 +49,13 @@ class Packed:
         self.backward: list[np.ndarray | None] = []
         self.work: list[int] = []  # per level: its instances per example (the product of every step's box)
         self.items: list[tuple[list[int], list[int]]] = []  # per level: its steps' items, forward and backward order
+        self.instances: list[int] = []  # per level: the most instances per item of its steps (1: pointwise)
         for steps in levels:
             packed = [_pack(step, key) for step in steps]
             backward = [s for group in backward_order(steps) for s in group]
             self.work.append(sum(math.prod(s.sizes) for s in steps))
             self.items.append(([math.prod(s.L) for s in steps], [math.prod(s.L) for s in backward]))
+            self.instances.append(max((math.prod(s.K) for s in steps), default=1))
             if any(p is None for p in packed):
                 self.forward.append(None)
                 self.backward.append(None)

@@ -37,6 +37,10 @@ from .syntax import GOAL
 
 BI, BK = 32, 32  # a tile of a step's box: items by instances
 WARPS = 4  # per program
+POINTWISE_BI = 128
+"""A stretch whose steps sum over no instances (CTC's, alignment's: each item a few terms) walks its
+items in tiles of ``POINTWISE_BI x 1`` instead (the tile's integer arithmetic is per element, and
+one column of 32 would be used): a second compiled variant, whatever the lengths (0: off)."""
 # A level of more instances per example than this runs a step per launch, its item tiles spread over
 # up to MAX_TILES programs per example (below it, one program per example loops over the level's
 # tiles: at 16 tiles of BI x BK, about what a launch costs). Not yet tuned on a GPU.
@@ -146,13 +150,14 @@ class Bound:
         self.grads: Tensor | None = None
 
     def _launch(self, kernel, lev: int, first: int, last: int, items: list[int], *args) -> None:
-        constants = dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=float(torch.finfo(self.dtype).min), BI=BI, BK=BK,
+        bi, bk = (POINTWISE_BI, 1) if POINTWISE_BI and max(self.levels.instances[first:last]) <= 1 else (BI, BK)
+        constants = dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=float(torch.finfo(self.dtype).min), BI=bi, BK=bk,
                          num_warps=WARPS)
         if lev not in self.split:
             kernel[(self.batch, 1)](*args, first, last, -1, **constants)
             return
         for only, count in enumerate(items):
-            tiles = min(max(-(-count // BI), 1), MAX_TILES)
+            tiles = min(max(-(-count // bi), 1), MAX_TILES)
             kernel[(self.batch, tiles)](*args, lev, lev + 1, only, **constants)
 
     def forward(self, lev: int) -> bool:
