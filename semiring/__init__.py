@@ -1,6 +1,7 @@
 """Semirings and the rule language. Knows nothing about trees or tags."""
 
 from .language import Program, ProgramError, program
+from .language.limits import limits
 from .semirings import (
     Count,
     Derivations,
@@ -17,5 +18,5 @@ from .semirings import (
 
 __all__ = [
     "Count", "Derivations", "Expectation", "KMax", "Log", "Max", "Program", "ProgramError", "Real", "Sampled",
-    "SampledSemiring", "Semiring", "SignedLog", "program",
+    "SampledSemiring", "Semiring", "SignedLog", "limits", "program",
 ]

@@ -193,6 +193,8 @@ class Plan:
     arena_size: int = 0
     packed: object = None  # the fused levels as kernel descriptors (:mod:`.pack`)
     keepable: set[int] | None = None  # the fused steps whose Log weights a run keeps (:meth:`~.execute.Run.keepable`)
+    work: int | None = None  # terms per example (:mod:`.limits`)
+    positions: int = 0  # the charts' buffers' positions per example (:mod:`.limits`)
 
 
 def _strides(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator, Mapping
@@ -13,7 +14,7 @@ from torch import Tensor
 
 from ..eager import eager
 from ..semirings import Log, Semiring
-from . import closure
+from . import closure, limits
 from .autodiff import Tape
 from .execute import Run, native
 from .factor import eliminate, factor
@@ -264,7 +265,11 @@ class Program:
             lengths = {self.syntax.lengths[0]: lengths}
         if self.closures:
             elements = {**elements, **closure.derive(self.closures, semiring, dict(elements))}
-        run = Run(self.plan(shapes), semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
+        plan = self.plan(shapes)
+        like = next((x for x in elements.values() if x.is_floating_point()), None)
+        if like is not None:
+            limits.check(plan, batch, like.element_size() * math.prod(like.shape[:semiring.extra]))
+        run = Run(plan, semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
         return Tape.apply(run, *elements.values())
 
 
