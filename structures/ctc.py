@@ -112,8 +112,9 @@ class CTC(StructuredDistribution):
     def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:
         """How often the alignments skip a blank into each position: ``{"skip": [..., B, S']}``."""
         s = self.positions(parts)
-        jump = (s[..., 1:] - s[..., :-1] == 2) & (s[..., 1:] >= 0)
-        counts = torch.zeros(*s.shape[:-1], self.ext.shape[-1] + 1, dtype=parts.dtype, device=parts.device)
+        S1 = self.ext.shape[-1]  # (a labelling that starts more labels than the targets have goes past it: no alignment)
+        jump = (s[..., 1:] - s[..., :-1] == 2) & (s[..., 1:] >= 0) & (s[..., 1:] < S1)
+        counts = torch.zeros(*s.shape[:-1], S1 + 1, dtype=parts.dtype, device=parts.device)
         return {"skip": counts.scatter_add(-1, s[..., 1:].where(jump, counts.shape[-1] - 1), jump.to(parts.dtype))[..., :-1]}
 
     def score(self, value: Tensor) -> Tensor:

@@ -180,6 +180,13 @@ class StructuredDistribution(Distribution):
             raise NotImplementedError(f"{type(self).__name__} has shared scores but no shared_counts")
         return {}
 
+    def _marginals_exact(self) -> Tensor:
+        """The marginals, differentiable when θ or a shared score requires grad (the shared scores'
+        alone, e.g. learned transitions or siblings over fixed potentials: through the expected counts)."""
+        if not self._theta.requires_grad and torch.is_grad_enabled() and any(v.requires_grad for v in self._shared.values()):
+            return self._expected_counts()[self._input]
+        return super()._marginals_exact()
+
     def _expected_counts(self) -> dict[str, Tensor]:
         """``{input: [B, *shape]}``: the expected use of every program input (the marginals, for the
         potentials) — the gradient of log Z, per example; differentiable when θ requires grad."""

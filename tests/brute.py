@@ -1,5 +1,6 @@
 """Independent oracles: every structure of one example listed with itertools and scored straight
-from the potentials by the conventions the docstrings state. No dynamic programming here.
+from the potentials (and the fixed shared scores of an adapter, :func:`fixed`) by the conventions
+the docstrings state. No dynamic programming here.
 
 A structure is the list of the indices of its parts in one example's potentials (one-hot parts).
 """
@@ -7,6 +8,7 @@ A structure is the list of the indices of its parts in one example's potentials 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
@@ -15,8 +17,8 @@ import torch
 from torch import Tensor
 from torch.testing import assert_close
 
-from structures import (ConstituencyCRF, EmissionCRF, HopChainCRF, LinearChainCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF,
-                        SemiMarkovCRF)
+from structures import (CTC, HMM, AlignmentCRF, ConstituencyCRF, EmissionCRF, HopChainCRF, LinearChainCRF, NonProjectiveDependencyCRF,
+                        ProjectiveDependencyCRF, SecondOrderDependencyCRF, SemiMarkovCRF)
 
 Part = tuple[int, ...]
 
@@ -114,17 +116,70 @@ def _climbs_to_root(d: int, heads: Sequence[int]) -> bool:
     return True
 
 
+def sibling_triples(tree: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(head, sibling, modifier) of a tree given as arcs (head, modifier): on each side of each head,
+    its modifiers ordered from the head outwards, every consecutive pair (closer one, farther one)."""
+    out = []
+    for h in {h for h, _ in tree}:
+        right = sorted(m for g, m in tree if g == h and m > h)
+        left = sorted((m for g, m in tree if g == h and m < h), reverse=True)
+        for side in (right, left):
+            out += [(h, s, m) for s, m in zip(side, side[1:])]
+    return out
+
+
+ALIGNMENT_STEPS = {"many_to_many": ((0, 1), (1, 1), (1, 0)), "one_to_many": ((0, 1), (1, 1))}
+
+
+def monotone_paths(n: int, m: int, kind: str) -> Iterator[list[tuple[int, int]]]:
+    """AlignmentCRF: every path of cells from (0, 0) to (n-1, m-1) by the kind's steps."""
+    def extend(path):
+        i, j = path[-1]
+        if (i, j) == (n - 1, m - 1):
+            yield path
+        for di, dj in ALIGNMENT_STEPS[kind]:
+            if i + di < n and j + dj < m:
+                yield from extend(path + [(i + di, j + dj)])
+    yield from extend([(0, 0)])
+
+
+def collapse(symbols: Sequence[int], blank: int) -> list[int]:
+    """Graves' many-to-one map: merge repeated symbols, then drop blanks."""
+    return [s for k, s in enumerate(symbols) if s != blank and (k == 0 or s != symbols[k - 1])]
+
+
+def ctc_alignments(T: int, V: int, target: list[int], blank: int = 0) -> Iterator[list[tuple[int, int]]]:
+    """CTC: every frame labelling of T frames over V symbols that collapses to ``target``: parts (t, v)."""
+    for symbols in itertools.product(range(V), repeat=T):
+        if collapse(symbols, blank) == target:
+            yield [(t, v) for t, v in enumerate(symbols)]
+
+
+def fixed(*index: int) -> float:
+    """A shared score the adapters fix (HMM's transitions and start, the second-order CRF's
+    siblings): a function of its indices alone (a table cut smaller agrees with a larger one), a
+    multiple of 1/8 in -1..1 (exact in every float dtype)."""
+    return round(8 * math.sin(0.5 + sum((2.3 * k + 1.1) * i for k, i in enumerate(index)))) / 8
+
+
+def fixed_table(*sizes: int, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``fixed(*index)`` at every index of a table of ``sizes``: tables cut to smaller sizes agree."""
+    return torch.tensor([fixed(*i) for i in itertools.product(*map(range, sizes))], dtype=dtype).reshape(sizes)
+
+
 class Enumeration:
     """Every structure of one example, as one-hot parts ``[S, *parts]`` and scores ``[S]``."""
 
-    def __init__(self, theta: Tensor, structures: Iterable[list[Part]]):
+    def __init__(self, theta: Tensor, structures: Iterable[list[Part]],
+                 fixed_score: Callable[[list[Part]], float] = lambda parts: 0.0):
+        """``fixed_score``: what a structure scores beyond its parts' potentials (shared scores)."""
         structures = list(structures)
         self.parts = torch.zeros(len(structures), *theta.shape, dtype=theta.dtype)
         scores = []
         for s, parts in enumerate(structures):
             for p in parts:
                 self.parts[(s, *p)] = 1.0
-            scores.append(sum((theta[p] for p in parts), torch.zeros((), dtype=theta.dtype)))
+            scores.append(sum((theta[p] for p in parts), torch.tensor(fixed_score(parts), dtype=theta.dtype)))
         self.scores = torch.stack(scores)
 
     @property
@@ -239,6 +294,7 @@ class Family:
     structures: Callable[[tuple[int, ...], int], Iterable[list[Part]]]
     length_dims: int = 1
     argument: str = "log_potentials"  # what the constructor calls the potentials
+    fixed_score: Callable[[list[Part]], float] = lambda parts: 0.0  # a structure's shared scores (Enumeration)
 
     def max_length(self, shape: tuple[int, ...]) -> int:
         return shape[0] + self.offset
@@ -247,7 +303,7 @@ class Family:
         """One enumeration per example of a batch ``theta [B, *shape]``."""
         shape = tuple(theta.shape[1:])
         ns = [self.max_length(shape)] * theta.shape[0] if lengths is None else lengths.tolist()
-        return [Enumeration(t, self.structures(shape, n)) for t, n in zip(theta, ns)]
+        return [Enumeration(t, self.structures(shape, n), self.fixed_score) for t, n in zip(theta, ns)]
 
     def truncate(self, theta: Tensor, n: int) -> Tensor:
         """The potentials of a length-``n`` example cut to its own size."""
@@ -313,6 +369,102 @@ EMISSION = Family(
 )
 FAMILIES = (CHAIN, SEMIMARKOV, HOPS, PROJECTIVE, PROJECTIVE_SINGLE_ROOT, CONSTITUENCY, NONPROJECTIVE,
             NONPROJECTIVE_SINGLE_ROOT, EMISSION)
+
+
+# Structures whose constructors take more than potentials and lengths, through an adapter that
+# fixes the rest: shared scores by :func:`fixed` (which the enumerations add), one length of two.
+
+def _float(theta: Tensor) -> torch.dtype:
+    """The dtype for an adapter's fixed scores: the potentials' (integer ones are the class's to refuse)."""
+    return theta.dtype if theta.dtype.is_floating_point else torch.float64
+
+
+class HMMOfWords(HMM):
+    """An HMM whose potentials are θ: word ``b N + i`` at position ``i`` of example ``b``, emitted
+    with score ``θ[b, i, c]`` by state ``c``; transitions and start fixed (:func:`fixed`)."""
+
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        if log_potentials.dim() == 3:
+            B, N, C = log_potentials.shape
+            emission, words = log_potentials.reshape(B * N, C).t(), torch.arange(B * N).reshape(B, N)
+        else:  # potentials of a wrong rank: an emission table of a wrong rank, for HMM to refuse
+            C = log_potentials.shape[-1]
+            emission, words = log_potentials[0], torch.zeros(1, 1, dtype=torch.long)
+        dtype = _float(log_potentials)
+        super().__init__(words, emission, fixed_table(C, C, dtype=dtype), fixed_table(C, dtype=dtype), lengths)
+
+
+def hmm_fixed_score(parts: list[Part]) -> float:
+    """start[t_0] + Σ_i transitions[t_i, t_{i+1}] of tags given as parts (i, t_i)."""
+    tags = [t for _, t in parts]
+    return fixed(tags[0]) + sum(fixed(a, b) for a, b in zip(tags, tags[1:]))
+
+
+HMM_FAMILY = Family(
+    "hmm", HMMOfWords,
+    ((1, 2), (2, 3), (3, 2)), 0,
+    lambda shape, n: tag_sequences(n, shape[-1]), argument="emission", fixed_score=hmm_fixed_score,
+)
+
+
+def alignment_family(kind: str, shapes: tuple[tuple[int, int], ...]) -> Family:
+    """AlignmentCRF of ``kind`` with ``lengths`` the first sequence's (``n``), the second's ``m = M``."""
+
+    class Rows(AlignmentCRF):
+        def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+            super().__init__(log_potentials, None if lengths is None else {"n": lengths}, kind=kind)
+
+    Rows.__name__ = Rows.__qualname__ = f"AlignmentCRF_{kind}"
+    return Family(f"alignment-{kind}", Rows, shapes, 0, lambda shape, n: monotone_paths(n, shape[1], kind))
+
+
+ALIGNMENT = alignment_family("many_to_many", ((1, 3), (3, 1), (4, 3)))
+ALIGNMENT_ONE_TO_MANY = alignment_family("one_to_many", ((1, 1), (2, 3), (3, 4)))  # no path if n > m
+
+
+def ctc_target(T: int, V: int) -> list[int]:
+    """The CTC family's target for T frames and V symbols (0 the blank): T // 2 labels (so that
+    T frames admit them, whatever their repeats), 1 2 2 1 1 2 ... with V = 3, 1 1 1 ... with V = 2."""
+    return [1 + (s + 1) // 2 % max(V - 1, 1) for s in range(T // 2)]
+
+
+class CTCOfTargets(CTC):
+    """CTC with ``lengths`` the input lengths ``n`` and the targets ``ctc_target(n, V)``."""
+
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        B, T, V = log_potentials.shape if log_potentials.dim() == 3 else (1, 1, 2)
+        S = max(T // 2, 1)
+        targets = torch.tensor(ctc_target(2 * S, V)).expand(B, S)
+        n = torch.full((B,), T) if lengths is None else lengths
+        super().__init__(log_potentials, targets, lengths, n // 2)
+
+
+CTC_FAMILY = Family(
+    "ctc", CTCOfTargets,
+    ((1, 2), (3, 2), (4, 3), (4, 2)), 0,  # (the middle one, the gradchecks', has targets 1 2: a skip over a blank)
+    lambda shape, n: ctc_alignments(n, shape[1], ctc_target(n, shape[1])), argument="log_probs",
+)
+
+
+def second_order_family(single_root: bool, shapes: tuple[tuple[int, int], ...]) -> Family:
+    """SecondOrderDependencyCRF with fixed sibling scores (:func:`fixed`)."""
+
+    class FixedSiblings(SecondOrderDependencyCRF):
+        def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+            B, n1 = log_potentials.shape[:2] if log_potentials.dim() > 1 else (1, 1)
+            siblings = fixed_table(n1, n1, n1, dtype=_float(log_potentials)).expand(B, -1, -1, -1)
+            super().__init__(log_potentials, siblings, lengths, single_root)
+
+    FixedSiblings.__name__ = FixedSiblings.__qualname__ = f"{'SingleRoot' * single_root}SecondOrderDependencyCRF"
+    name = "second-order" + "-single-root" * single_root
+    return Family(name, FixedSiblings, shapes, -1,
+                  lambda shape, n: (t for t in projective_trees(n) if not single_root or sum(h == 0 for h, _ in t) == 1),
+                  length_dims=2, fixed_score=lambda arcs: sum(fixed(*t) for t in sibling_triples(arcs)))
+
+
+SECOND_ORDER = second_order_family(False, ((2, 2), (3, 3), (4, 4)))
+SECOND_ORDER_SINGLE_ROOT = second_order_family(True, ((2, 2), (3, 3)))  # (its own goal on the same chart)
+ADAPTED = (HMM_FAMILY, ALIGNMENT, ALIGNMENT_ONE_TO_MANY, CTC_FAMILY, SECOND_ORDER, SECOND_ORDER_SINGLE_ROOT)
 
 
 def random_lengths(batch: int, longest: int, generator: torch.Generator) -> Tensor:

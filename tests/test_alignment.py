@@ -1,32 +1,19 @@
 """AlignmentCRF against every monotone path listed by hand, at small sizes, with both lengths
-varying per example and forbidden (-inf) cells."""
+varying per example and forbidden (-inf) cells. (The checks every structure shares, with the first
+length varying, are in test_distribution_api.py: families alignment-many_to_many and -one_to_many.)"""
 
 from __future__ import annotations
 
 import math
-from typing import Iterator
 
 import pytest
 import torch
 from torch.testing import assert_close
 
-from brute import Enumeration, as_multiset, assert_queries_match, random_potentials
+from brute import Enumeration, as_multiset, assert_queries_match, monotone_paths, random_potentials
 from structures import AlignmentCRF
 
 KINDS = ("many_to_many", "one_to_many")
-STEPS = {"many_to_many": ((0, 1), (1, 1), (1, 0)), "one_to_many": ((0, 1), (1, 1))}
-
-
-def paths(n: int, m: int, kind: str) -> Iterator[list[tuple[int, int]]]:
-    """Every path of cells from (0, 0) to (n-1, m-1) by the kind's steps."""
-    def extend(path):
-        i, j = path[-1]
-        if (i, j) == (n - 1, m - 1):
-            yield path
-        for di, dj in STEPS[kind]:
-            if i + di < n and j + dj < m:
-                yield from extend(path + [(i + di, j + dj)])
-    yield from extend([(0, 0)])
 
 
 def delannoy(n: int, m: int) -> int:
@@ -38,7 +25,7 @@ def enumerate_batch(theta, lengths, kind) -> list[Enumeration]:
     structure of score -inf stands for the empty set."""
     out = []
     for t, n, m in zip(theta, lengths["n"].tolist(), lengths["m"].tolist()):
-        found = list(paths(n, m, kind))
+        found = list(monotone_paths(n, m, kind))
         out.append(Enumeration(t, found) if found else Enumeration(torch.full_like(t, -math.inf), [[(0, 0)]]))
     return out
 
@@ -153,40 +140,17 @@ def test_gradcheck_and_gradgradcheck(kind):
     assert torch.autograd.gradgradcheck(lambda t: AlignmentCRF(t, lengths, kind=kind).log_partition, (x,))
 
 
-def test_nothing_left_gives_minus_inf_zero_marginals_and_no_nan():
-    theta = torch.randn(2, 3, 3, dtype=torch.float64)
-    theta[0, 1, :] = -math.inf  # no path passes row 1
-    d = AlignmentCRF(theta)
-    assert d.log_partition[0] == -math.inf and torch.isfinite(d.log_partition[1])
-    for t in (d.marginals, d.argmax, d.sample((3,)), d.entropy()):
-        assert not torch.isnan(t).any()
-    assert (d.marginals[0] == 0).all() and (d.argmax[0] == 0).all()
-    assert (d.decode()[0] == -1).all()
-
-
 @pytest.mark.parametrize("what, call, message", [
-    ("rank", lambda: AlignmentCRF(torch.zeros(2, 3)), r"log_potentials: expected shape \[B, N, M\]"),
-    ("integer potentials", lambda: AlignmentCRF(torch.zeros(2, 3, 3, dtype=torch.long)), r"log_potentials: expected floating"),
     ("m too long", lambda: AlignmentCRF(torch.zeros(2, 3, 4), {"n": torch.tensor([1, 3]), "m": torch.tensor([5, 1])}),
      r"lengths\['m'\]: \[5\] out of range; these shapes allow 1..4"),
     ("one column", lambda: AlignmentCRF(torch.zeros(1, 3, 1), {"n": torch.tensor([3])}, kind="one_to_many"),
      r"lengths\['n'\]: \[3\] out of range; these shapes allow 1..1"),
-    ("n zero", lambda: AlignmentCRF(torch.zeros(2, 3, 4), {"n": torch.tensor([0, 3])}), r"lengths\['n'\]: \[0\] out of range"),
     ("a bare tensor", lambda: AlignmentCRF(torch.zeros(2, 3, 4), torch.tensor([1, 2])), r"lengths \['n', 'm'\]: give a dict"),
     ("a name", lambda: AlignmentCRF(torch.zeros(2, 3, 4), {"k": torch.tensor([1, 2])}), r"lengths: \['k'\] are not lengths"),
     ("a tuple of one", lambda: AlignmentCRF(torch.zeros(2, 3, 4), (torch.tensor([1, 2]),)), r"lengths: expected 2 tensors"),
-    ("batch", lambda: AlignmentCRF(torch.zeros(2, 3, 4), {"n": torch.tensor([1, 2, 3])}), r"lengths\['n'\]: expected an integer tensor of shape \[B\] = \[2\]"),
     ("kind", lambda: AlignmentCRF(torch.zeros(2, 3, 4), kind="one_to_one"), r"kind: expected one of"),
     ("cells", lambda: AlignmentCRF(torch.zeros(2, 3, 4)).log_prob(torch.zeros(2, 3, dtype=torch.long)), r"value: expected cells"),
 ], ids=lambda x: x if isinstance(x, str) and not x.startswith(("log", "lengths", "kind", "value")) else "")
 def test_bad_input_raises_value_error_naming_the_argument(what, call, message):
     with pytest.raises(ValueError, match=message):
         call()
-
-
-def test_no_query_mutates_its_inputs():
-    theta, lengths, _ = problem(3, 4, "many_to_many", 0.2)
-    before = theta.clone(), {k: v.clone() for k, v in lengths.items()}
-    d = AlignmentCRF(theta, lengths)
-    d.marginals, d.sample((2,)), d.topk(2), d.entropy(), d.decode()
-    assert torch.equal(theta, before[0]) and all(torch.equal(lengths[k], before[1][k]) for k in lengths)
