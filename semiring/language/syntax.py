@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Union
 
 
@@ -37,9 +38,9 @@ class Affine:
     coeffs: tuple[tuple[str, int], ...]
     const: int = 0
 
-    @property
-    def variables(self) -> set[str]:
-        return {v for v, _ in self.coeffs}
+    @cached_property
+    def variables(self) -> frozenset[str]:
+        return frozenset(v for v, _ in self.coeffs)
 
     def shifted(self, delta: int) -> "Affine":
         return Affine(self.coeffs, self.const + delta)
@@ -113,15 +114,19 @@ class Term:
     def is_one(self) -> bool:
         return self.name == "1"
 
-    @property
-    def variables(self) -> set[str]:
-        return set().union(*(i.variables for i in self.indices)) if self.indices else set()
+    @cached_property
+    def variables(self) -> frozenset[str]:  # (cached: a rule of thousands of terms asks often)
+        return frozenset().union(*(i.variables for i in self.indices))
 
     def renamed(self, names: dict[str, str]) -> "Term":
         return Term(self.name, tuple(i.renamed(names) for i in self.indices), self.line, self.col)
 
-    def __str__(self) -> str:
+    @cached_property
+    def _text(self) -> str:
         return self.name if not self.indices else f"{self.name}[{', '.join(map(str, self.indices))}]"
+
+    def __str__(self) -> str:
+        return self._text
 
 
 @dataclass(frozen=True)
