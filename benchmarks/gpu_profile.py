@@ -20,7 +20,7 @@ from benchmarks import chain, constituency, ctc, pcfg, projective
 from semiring.language import triton_levels
 
 SETTINGS = [  # overrides of triton_levels' settings; the first: none (the defaults)
-    {}, {"CHAIN_SCANS": False}, {"POINTWISE_BI": 0}, {"POINTWISE_BI": 64}, {"POINTWISE_BI": 256}, {"BI": 16, "BK": 16}, {"WARPS": 8},
+    {}, {"ATOMICS": "acq_rel"}, {"CHAIN_SCANS": False}, {"POINTWISE_BI": 0}, {"POINTWISE_BI": 64}, {"POINTWISE_BI": 256}, {"BI": 16, "BK": 16}, {"WARPS": 8},
     {"WARPS": 2}, {"BI": 64, "BK": 16}, {"BI": 16, "BK": 64}, {"WARPS": 2, "POINTWISE_BI": 64}]
 
 

@@ -205,7 +205,8 @@ for name, buffers in (("forward", ["table"]), ("backward", ["table", "gtable"]))
     for dtype, lowest in ((tl.float32, -3.4028234663852886e38), (tl.float64, -1.7976931348623157e308)):
         for is_max in (False, True):
             for bi, bk in ((levels.BI, levels.BK), (levels.POINTWISE_BI, 1)):
-                constants = dict(IS_MAX=is_max, DTYPE=dtype, LOWEST=lowest, BI=bi, BK=bk)
+                atomics = {"SEM": levels.ATOMICS} if name == "backward" else {}
+                constants = dict(IS_MAX=is_max, DTYPE=dtype, LOWEST=lowest, BI=bi, BK=bk, **atomics)
                 signature = {"desc": "*i64", "starts": "*i64", **{b: "*i64" for b in buffers}, "first": "i32", "last": "i32",
                              "only": "i32", **{c: "constexpr" for c in constants}}
                 compiled = triton.compile(ASTSource(getattr(kernels, name), signature, constants), target=GPUTarget("cuda", 90, 32))

@@ -188,7 +188,7 @@ def _step_forward(p, table, b, active, IS_MAX: tl.constexpr, DTYPE: tl.constexpr
 
 @triton.jit
 def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
-                   BI: tl.constexpr, BK: tl.constexpr):
+                   BI: tl.constexpr, BK: tl.constexpr, SEM: tl.constexpr):
     """One step's gradients into its reads' gradient buffers (the Log weights exp(terms - item) of
     the gradient at its items; Max: all of it to the best instance, where several rules write the
     item the first rule reaching it claiming it; where ``active``, this program's tiles of its items);
@@ -203,7 +203,7 @@ def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.
         for h in range(H):
             hd = heads + h * (2 + nL)
             at = tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
-            g += tl.load(_address(gtable, tl.load(hd), b, DTYPE) + at, mask=iv, other=0.0)
+            g += tl.load(_address(gtable, tl.load(hd), b, DTYPE) + at, mask=iv, other=0.0, cache_modifier=".cg")
         hd = heads
         item = tl.load(_address(table, tl.load(hd), b, DTYPE) + tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL),
                        mask=iv, other=0.0)
@@ -219,7 +219,7 @@ def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.
             rd = reads
             for r in range(R):
                 at, next_rd = _position(rd, n, nL, sizes, table, b, items, kb, live)
-                tl.atomic_add(_address(gtable, tl.load(rd), b, DTYPE) + at, g, mask=live)
+                tl.atomic_add(_address(gtable, tl.load(rd), b, DTYPE) + at, g, mask=live, sem=SEM)
                 rd = next_rd
         else:
             item = tl.minimum(tl.maximum(item, LOWEST), -LOWEST)
@@ -236,10 +236,10 @@ def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.
                     x = _address(gtable, tl.load(rd), b, DTYPE)
                     if _varies(rd, n, nL):
                         tl.atomic_add(x + _position(rd, n, nL, sizes, table, b, items[:, None], ks[None, :], valid)[0], w,
-                                      mask=valid)
+                                      mask=valid, sem=SEM)
                     else:  # the term does not vary with K: one add per item
                         tl.atomic_add(x + _position(rd, n, nL, sizes, table, b, items, items * 0, live)[0], tl.sum(w, 1),
-                                      mask=live)
+                                      mask=live, sem=SEM)
                     rd = _next(rd, n)
     return masks + M * (2 + n)
 
@@ -263,9 +263,11 @@ def forward(desc, starts, table, first, last, only, IS_MAX: tl.constexpr, DTYPE:
 
 @triton.jit(do_not_specialize=["first", "last", "only"])
 def backward(desc, starts, table, gtable, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr,
-             LOWEST: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr):
+             LOWEST: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, SEM: tl.constexpr):
     """The gradients of levels ``last-1`` down to ``first`` of example ``program_id(0)`` (``only``:
-    as :func:`forward`'s, the backward descriptor's steps counted)."""
+    as :func:`forward`'s, the backward descriptor's steps counted). ``SEM``: the atomic adds'
+    memory semantics; the gradients a step reads are loaded from L2 (``.cg``), where atomic adds
+    land, so relaxed adds are seen after the barrier that ends their step."""
     b = tl.program_id(0).to(tl.int64)
     for j in range(last - first):
         p = desc + tl.load(starts + last - 1 - j)
@@ -273,5 +275,5 @@ def backward(desc, starts, table, gtable, first, last, only, IS_MAX: tl.constexp
         p += 1
         for k in range(count):
             active = ((only < 0) | (k == only)).to(tl.int64)
-            p = _step_backward(p, table, gtable, b, active, IS_MAX, DTYPE, LOWEST, BI, BK)
+            p = _step_backward(p, table, gtable, b, active, IS_MAX, DTYPE, LOWEST, BI, BK, SEM)
             tl.debug_barrier()

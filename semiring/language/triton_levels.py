@@ -45,6 +45,9 @@ one column of 32 would be used): a second compiled variant, whatever the lengths
 # up to MAX_TILES programs per example (below it, one program per example loops over the level's
 # tiles: at 16 tiles of BI x BK, about what a launch costs). Not yet tuned on a GPU.
 SPLIT, MAX_TILES = 16 * BI * BK, 1024
+ATOMICS = "relaxed"
+"""The backward's atomic adds' memory semantics (Triton's ``sem``; "acq_rel" is Triton's default,
+a fence around each add)."""
 CHAIN_SCANS = True
 """Whether a chain of a matrix per level (a linear-chain CRF's) runs as one scan
 (:mod:`semiring.triton_scan`, its state in registers) rather than as a stretch of levels here."""
@@ -149,10 +152,10 @@ class Bound:
         self.split, self.stretch = self.descs.stretches[key]
         self.grads: Tensor | None = None
 
-    def _launch(self, kernel, lev: int, first: int, last: int, items: list[int], *args) -> None:
+    def _launch(self, kernel, lev: int, first: int, last: int, items: list[int], *args, **extra) -> None:
         bi, bk = (POINTWISE_BI, 1) if POINTWISE_BI and max(self.levels.instances[first:last]) <= 1 else (BI, BK)
         constants = dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=float(torch.finfo(self.dtype).min), BI=bi, BK=bk,
-                         num_warps=WARPS)
+                         num_warps=WARPS, **extra)
         if lev not in self.split:
             kernel[(self.batch, 1)](*args, first, last, -1, **constants)
             return
@@ -176,7 +179,7 @@ class Bound:
             if self.grads is None:
                 self.grads = _on(self.levels.table(grads), self.table.device)
             self._launch(_kernels().backward, lev, first, last, self.levels.items[lev][1], *self.descs.backward, self.table,
-                         self.grads)
+                         self.grads, SEM=ATOMICS)
         return True
 
 
