@@ -11,6 +11,7 @@ Complements ``benchmarks.gpu`` (ratios to the peers) with what to speed up next 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from typing import Callable
 
@@ -47,8 +48,8 @@ def calls() -> dict[str, Callable[[], object]]:
 
 
 def sweep(rows: dict[str, Callable[[], object]]) -> list[str]:
-    """Each row's warm time (best of 5, ms) under each of :data:`SETTINGS`."""
-    lines = ["\n## Settings of the Triton levels: warm ms, best of 5\n",
+    """Each row's warm time (median of 9 calls after 3, ms) under each of :data:`SETTINGS`."""
+    lines = ["\n## Settings of the Triton levels: warm ms, median of 9 calls\n",
              "| setting | " + " | ".join(rows) + " |", "|:--|" + "--:|" * len(rows)]
     for setting in SETTINGS:
         saved = {name: getattr(triton_levels, name) for name in (*setting, "SPLIT")}
@@ -58,8 +59,9 @@ def sweep(rows: dict[str, Callable[[], object]]) -> list[str]:
         try:
             cells = []
             for fn in rows.values():
-                fn()
-                cells.append(f"{min(_timed(fn) for _ in range(5)) * 1e3:.2f}")
+                for _ in range(3):  # (compiles, and lets the allocator and caches settle: a first row was the slowest)
+                    fn()
+                cells.append(f"{statistics.median(_timed(fn) for _ in range(9)) * 1e3:.2f}")
         finally:
             for name, value in saved.items():
                 setattr(triton_levels, name, value)
