@@ -55,6 +55,9 @@ class EmissionCRF(StructuredDistribution):
             shared[name] = v.unsqueeze(0)
         super().__init__(emissions, lengths, shared, mask=mask)
 
+    def _check_potentials(self, log_potentials: Tensor) -> None:
+        check_shape(self.argument, log_potentials, self.shape, values=False)  # (their values: checked by __init__)
+
     @classmethod
     @takes_validate_args
     def from_supar(cls, scores: Tensor, trans: Tensor | None = None, lengths: Tensor | None = None, *,

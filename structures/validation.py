@@ -40,10 +40,11 @@ def validated(validate_args: bool | None) -> Iterator[None]:
         _chosen.reset(token)
 
 
-def check_shape(name: str, x: Tensor, spec: str) -> None:
+def check_shape(name: str, x: Tensor, spec: str, values: bool = True) -> None:
     """Raise ``ValueError`` unless ``x`` is a floating tensor of shape ``spec`` (e.g. ``"B, N-1, C, C"``):
-    the right rank, and equal sizes wherever ``spec`` repeats a symbol; while :func:`validating`,
-    also unless its values are finite or -inf, and small enough that sums of them cannot overflow."""
+    the right rank, and equal sizes wherever ``spec`` repeats a symbol; while :func:`validating`
+    (and ``values``: False where the caller has just checked them), also unless its values are
+    finite or -inf, and small enough that sums of them cannot overflow."""
     symbols = [s.strip() for s in spec.split(",")]
     if not isinstance(x, Tensor):
         raise ValueError(f"{name}: expected a tensor of shape [{spec}], got {type(x).__name__}")
@@ -53,7 +54,7 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
         raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
-    if not validating():
+    if not (values and validating()):
         return
     # NaN if any is, +inf if any is: one pass, read once
     low, top = torch.stack(torch.aminmax(x.detach())).tolist() if x.numel() else (0.0, 0.0)
