@@ -4,7 +4,8 @@ At these sizes a call's time is the Python path every query takes, on the CPU as
 (structure construction and validation, the program's checks, plan look-up, buffers, the
 autograd node, the goal read-out, marginals through backward): what is measured here is what a
 GPU call pays on the host besides its kernels. Each query builds its structure afresh, as a
-training step does. Times are medians of ``--repeat`` calls after a warm-up, in microseconds;
+training step does. Times are medians of ``--repeat`` calls after a warm-up, in microseconds, of
+wall time and of the thread's CPU time (steadier on a shared machine);
 ``ops`` counts the torch operators one call dispatches (a ``TorchDispatchMode``: the ATen ops
 below autograd, each a dispatch on a GPU, kernel or not).
 
@@ -79,16 +80,18 @@ def queries() -> dict[str, Callable[[], object]]:
     }
 
 
-def per_call_us(fn: Callable[[], object], repeat: int) -> float:
-    """Median microseconds of one call."""
+def per_call_us(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
+    """Median microseconds of one call: wall time, and the thread's CPU time (which a shared
+    machine's other processes do not inflate by taking the core away)."""
     for _ in range(20):
         fn()
-    laps = []
+    wall, cpu = [], []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         fn()
-        laps.append(time.perf_counter() - t)
-    return statistics.median(laps) * 1e6
+        cpu.append(time.thread_time() - c)
+        wall.append(time.perf_counter() - t)
+    return statistics.median(wall) * 1e6, statistics.median(cpu) * 1e6
 
 
 def ops_per_call(fn: Callable[[], object]) -> int:
@@ -119,9 +122,10 @@ def main(argv=None) -> None:
         return
     info = machine_info()
     print(f"{info['cpu']}; torch {info['torch']}; {info['code']}")
-    print(f"{'query':32} {'us/call':>9} {'ops/call':>9}")
+    print(f"{'query':32} {'us/call':>9} {'cpu us':>9} {'ops/call':>9}")
     for name, fn in found.items():
-        print(f"{name:32} {per_call_us(fn, args.repeat):9.0f} {ops_per_call(fn):9d}", flush=True)
+        wall, cpu = per_call_us(fn, args.repeat)
+        print(f"{name:32} {wall:9.0f} {cpu:9.0f} {ops_per_call(fn):9d}", flush=True)
 
 
 if __name__ == "__main__":
