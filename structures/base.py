@@ -101,6 +101,8 @@ def takes_validate_args(build: Method) -> Method:
 
     @functools.wraps(build)
     def wrapper(*args, validate_args: bool | None = None, **kwargs):
+        if validate_args is None:  # (as outside: no context to enter, at each constructor a subclass chains to)
+            return build(*args, **kwargs)
         with validated(validate_args):
             return build(*args, **kwargs)
 
