@@ -101,6 +101,8 @@ def takes_validate_args(build: Method) -> Method:
 
     @functools.wraps(build)
     def wrapper(*args, validate_args: bool | None = None, **kwargs):
+        if validate_args is None:  # (as outside: no context to enter, at each constructor a subclass chains to)
+            return build(*args, **kwargs)
         with validated(validate_args):
             return build(*args, **kwargs)
 
@@ -180,7 +182,7 @@ class Distribution(torch.distributions.Distribution):
 
     @takes_validate_args
     def __init__(self, log_potentials: Tensor, lengths: Lengths = None, *, mask: Lengths = None):
-        check_shape(self.argument, log_potentials, self.shape)
+        self._check_potentials(log_potentials)
         self.log_potentials = log_potentials
         self.dtype = log_potentials.dtype
         self._theta = as_given(log_potentials.to(self._compute_dtype(log_potentials.dtype)))
@@ -195,6 +197,11 @@ class Distribution(torch.distributions.Distribution):
             except ValueError as error:  # a length out of range: the mask's rows
                 raise blame_mask(error) from None
         super().__init__(torch.Size([self._batch]), log_potentials.shape[1:], validate_args=validating())
+
+    def _check_potentials(self, log_potentials: Tensor) -> None:
+        """``ValueError`` naming :attr:`argument` unless the potentials are of :attr:`shape` (and,
+        while validating, of values :func:`check_shape` accepts)."""
+        check_shape(self.argument, log_potentials, self.shape)
 
     def _compute_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The dtype the queries compute in for potentials of ``dtype`` (float16/bfloat16: float32)."""
@@ -286,7 +293,7 @@ class Distribution(torch.distributions.Distribution):
         whatever path the algorithm took to it) and everywhere when no part exists (nothing to read)."""
         if not value.requires_grad:
             return torch.zeros_like(x)
-        (g,) = torch.autograd.grad(value.sum(), x, **grad_options)
+        (g,) = torch.autograd.grad(value, x, torch.ones_like(value), **grad_options)  # (∂ Σ value: no node for the sum)
         infinite = ~torch.isfinite(value).reshape(-1, *[1] * self._part_dims)
         if grad_options.get("create_graph"):
             return g.masked_fill(infinite, 0.0)

@@ -82,6 +82,19 @@ class CTC(StructuredDistribution):
         lengths = {"n": self.input_lengths, "m": 2 * self.target_lengths + 1}  # the goal's largest m is 2S + 2
         super().__init__(log_probs, lengths, {"skip": skip, "ext": ext})
 
+    def _check_potentials(self, log_potentials: Tensor) -> None:
+        check_shape(self.argument, log_potentials, self.shape, values=False)  # (their values: checked by __init__)
+
+    def _check_lengths(self, lengths: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The program's check of ``{"n", "m"}``, reading no values where it would read them again:
+        where these shapes allow every ``n`` in ``1..T`` and ``m`` in ``1..2S+1``, which the
+        checks of ``input_lengths`` and ``target_lengths`` have already kept them in."""
+        ranges = self.program.length_ranges(self._shapes)
+        (n_lo, n_hi), (m_lo, m_hi) = ranges["n"], ranges["m"]
+        T, S = self._theta.shape[1], self.targets.shape[1]
+        implied = n_lo <= 1 <= T <= n_hi and m_lo <= 1 and 2 * S + 1 <= m_hi
+        return self.program.check_lengths(lengths, self._batch, self._shapes, values=validating() and not implied)
+
     def decode(self) -> Tensor:
         """``[B, T]`` long: the symbol of every frame in the best alignment (-1 past each input length)."""
         return self.symbols(self.argmax)

@@ -47,13 +47,17 @@ class EmissionCRF(StructuredDistribution):
             raise ValueError(f"transitions: expected shape [C, C] = [{C}, {C}], got {list(transitions.shape)}")
         shared = {"trans": transitions.unsqueeze(0)}
         for name, v in (("start", start), ("end", end)):
-            if v is None:
-                v = emissions.new_zeros(C)
+            if v is None:  # (zeros: nothing to check)
+                shared[name] = emissions.new_zeros(1, C)
+                continue
             check_shape(name, v, "C")
             if v.shape[0] != C:
                 raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
             shared[name] = v.unsqueeze(0)
         super().__init__(emissions, lengths, shared, mask=mask)
+
+    def _check_potentials(self, log_potentials: Tensor) -> None:
+        check_shape(self.argument, log_potentials, self.shape, values=False)  # (their values: checked by __init__)
 
     @classmethod
     @takes_validate_args

@@ -4,6 +4,7 @@ values (and so synchronise with the device) run only while :func:`validating`.""
 
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -40,20 +41,19 @@ def validated(validate_args: bool | None) -> Iterator[None]:
         _chosen.reset(token)
 
 
-def check_shape(name: str, x: Tensor, spec: str) -> None:
+def check_shape(name: str, x: Tensor, spec: str, values: bool = True) -> None:
     """Raise ``ValueError`` unless ``x`` is a floating tensor of shape ``spec`` (e.g. ``"B, N-1, C, C"``):
-    the right rank, and equal sizes wherever ``spec`` repeats a symbol; while :func:`validating`,
-    also unless its values are finite or -inf, and small enough that sums of them cannot overflow."""
-    symbols = [s.strip() for s in spec.split(",")]
+    the right rank, and equal sizes wherever ``spec`` repeats a symbol; while :func:`validating`
+    (and ``values``: False where the caller has just checked them), also unless its values are
+    finite or -inf, and small enough that sums of them cannot overflow."""
     if not isinstance(x, Tensor):
         raise ValueError(f"{name}: expected a tensor of shape [{spec}], got {type(x).__name__}")
-    if x.dim() != len(symbols) or any(
-        x.shape[i] != x.shape[symbols.index(s)] for i, s in enumerate(symbols)
-    ):
+    rank, repeats = _parse_shape(spec)
+    if x.dim() != rank or any(x.shape[i] != x.shape[j] for i, j in repeats):
         raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
-    if not validating():
+    if not (values and validating()):
         return
     # NaN if any is, +inf if any is: one pass, read once
     low, top = torch.stack(torch.aminmax(x.detach())).tolist() if x.numel() else (0.0, 0.0)
@@ -70,6 +70,13 @@ def check_shape(name: str, x: Tensor, spec: str) -> None:
     if largest > limit:
         raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
                          f"{computed} (at most {limit:.3g} here: rescale, or use float64)")
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_shape(spec: str) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """A shape spec's rank and the dimensions ``(i, j)`` where symbol i repeats an earlier symbol j."""
+    symbols = [s.strip() for s in spec.split(",")]
+    return len(symbols), tuple((i, symbols.index(s)) for i, s in enumerate(symbols) if symbols.index(s) != i)
 
 
 def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int) -> None:

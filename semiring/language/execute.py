@@ -43,6 +43,8 @@ class Run:
         self.lead = semiring.extra
         self.kept: dict[int, tuple] = {}  # first level of a scan -> (its output, its leaves); id(step) -> what its vjp reuses
         self.found: dict[int, Tensor] = {}  # id(view) -> its positions looked up from data (the inputs' indices are fixed)
+        self.goal: int | Tensor | None = None  # :meth:`goal_index`, once found
+        self.bound: tuple[dict[str, Tensor], kernel.Bound | triton_levels.Bound | None] | None = None  # (buffers, their kernels)
 
     # ------------------------------------------------------------ reading and writing
 
@@ -115,7 +117,11 @@ class Run:
 
     def goal_index(self, goal: Tensor) -> int | Tensor:
         """Each example's position in the goal's buffer: its goal at its own lengths (the largest
-        where none is given), an int where that is one position for all."""
+        where none is given), an int where that is one position for all. Found once per run by
+        the in-place passes (the forward's is the backward's; anew where autograd records, which
+        may not save what inference mode made)."""
+        if self.goal is not None and (isinstance(self.goal, int) or not torch.is_grad_enabled()):
+            return self.goal
         box, names = self.plan.boxes[GOAL], self.plan.length_names
         index: int | Tensor = 0
         stride = 1
@@ -126,6 +132,8 @@ class Run:
             else:
                 index = index + (given.to(goal.device) - box.lo[d]) * stride
             stride *= box.shape[d]
+        if isinstance(index, int) or not torch.is_grad_enabled():
+            self.goal = index
         return index
 
     def select_goal(self, goal: Tensor) -> Tensor:
@@ -168,20 +176,29 @@ class Run:
         Max) and no fused scan (whose backward autograd records)."""
         return type(self.semiring) in _MANUAL and not self.scans(False)
 
+    def levels(self, fused: bool = False) -> list[list[Step]]:
+        """Every level's steps in order, the goal's last; ``fused``: sibling steps as one."""
+        return [*(self.plan.fused if fused else self.plan.levels), self.plan.goal]
+
     def all_steps(self, fused: bool = False):
         """(level number, its steps) in order, the goal's last; ``fused``: sibling steps as one."""
-        yield from enumerate(self.plan.fused if fused else self.plan.levels)
-        yield len(self.plan.levels), self.plan.goal
+        yield from enumerate(self.levels(fused))
 
     def kernel(self, buf: dict[str, Tensor], dual: bool) -> kernel.Bound | triton_levels.Bound | None:
-        """The native kernels of the in-place levels on ``buf``, or None where they do not apply."""
+        """The native kernels of the in-place levels on ``buf``, or None where they do not apply;
+        bound once per buffers (the backward takes the forward's binding: its table of addresses)."""
         if dual or self.native is None:
             return None
-        levels = [steps for _, steps in self.all_steps(fused=True)]
-        if self.native is triton_levels:
-            skip = {lev for scan in self.scans(dual).values() for lev in range(scan.start, scan.stop)}
-            return triton_levels.bind(self.plan, levels, _backward_order, self.semiring, buf, self.batch, skip)
-        return kernel.bind(self.plan, levels, _backward_order, self.semiring, buf, self.batch)
+        if self.bound is not None and self.bound[0] is buf:
+            compiled = self.bound[1]
+            if compiled is not None:
+                compiled.grads = None  # (each backward pass binds its own gradient buffers)
+            return compiled
+        skip = {lev for scan in self.scans(dual).values() for lev in range(scan.start, scan.stop)}
+        bind = triton_levels.bind if self.native is triton_levels else kernel.bind
+        compiled = bind(self.plan, self.levels(fused=True), _backward_order, self.semiring, buf, self.batch, skip)
+        self.bound = buf, compiled
+        return compiled
 
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
         """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``, int64)."""
@@ -259,17 +276,19 @@ class Run:
         buf = self.sources(elements)
         buf.update(self.buffers(like, arena=not dual))
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
-        scans, skip = self.scans(dual), 0
+        scans = self.scans(dual)
         if not dual:  # (a dual run, the Hessian-vector product's, keeps nothing)
             self.kept = {}
         compiled = self.kernel(buf, dual)
-        for lev, steps in self.all_steps(fused=not dual):
-            if lev < skip:
-                continue
-            if compiled is not None and lev not in scans and compiled.forward(lev):
+        levels = self.levels(fused=not dual)
+        lev = 0
+        while lev < len(levels):
+            ran = compiled.forward(lev) if compiled is not None else 0  # (a stretch of levels at once)
+            if ran:
+                lev += ran
                 continue
             if lev in scans:
-                scan, skip = scans[lev], scans[lev].stop
+                scan = scans[lev]
                 leaves = []
 
                 def read(v: View) -> Tensor:
@@ -284,13 +303,15 @@ class Run:
                 for v in scan.heads:
                     self.view(buf[v.source], v).copy_(alphas)
                 self.kept[lev] = (alphas, leaves)
+                lev = scan.stop
                 continue
             kept = self.keepable() if keep else ()
-            for step in steps:
+            for step in levels[lev]:
                 if manual:
                     manual.step(self, step, buf, id(step) in kept)
                 else:
                     self.write(buf, step, self.compute(step, lambda v: self.read(buf, v), like))
+            lev += 1
         return self.select_goal(buf[GOAL]), buf
 
     # ------------------------------------------------------------ backward, in place
@@ -310,16 +331,16 @@ class Run:
         grads[GOAL] = self.goal_gradient(buf[GOAL], grad)
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         ends = {scan.stop - 1: scan for scan in self.scans(dual).values()}
-        skip = math.inf
         compiled = self.kernel(buf, dual)
-        for lev, steps in reversed(list(self.all_steps(fused=not dual))):
-            if lev >= skip:
-                continue
-            if compiled is not None and lev not in ends and compiled.backward(lev, grads):
+        levels = self.levels(fused=not dual)
+        lev = len(levels) - 1
+        while lev >= 0:
+            ran = compiled.backward(lev, grads) if compiled is not None else 0  # (a stretch of levels at once)
+            if ran:
+                lev -= ran
                 continue
             if lev in ends:
                 scan = ends[lev]
-                skip = scan.start
                 alphas, leaves = self.kept[scan.start]
                 g = self.view(grads[scan.heads[0].source], scan.heads[0])
                 for v in scan.heads[1:]:
@@ -328,13 +349,15 @@ class Run:
                 for (v, _), gv in zip(leaves, found):
                     if gv is not None:  # (a scan's gradients are fresh tensors, one per input)
                         self.add(grads, v, gv, owned=True)
+                lev = scan.start - 1
                 continue
-            for group in _backward_order(steps):
+            for group in _backward_order(levels[lev]):
                 if manual:
                     for step in group:
                         manual.vjp(self, step, buf, grads)
                 else:
                     self._autograd_vjp(group, buf, grads)
+            lev -= 1
         return [None if name in self.plan.looked_up else grads[name].reshape(shape) for name, shape in zip(self.names, shapes)]
 
     def item_gradient(self, step: Step, grads: dict[str, Tensor]) -> Tensor:

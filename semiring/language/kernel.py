@@ -52,30 +52,33 @@ def available() -> bool:
 
 
 class Bound:
-    """A run's packed levels with its buffers: ``forward(lev)`` and ``backward(lev, grads)`` run a
-    level in C and return True, or return False where the level runs as torch calls."""
+    """A run's packed levels with its buffers: ``forward(lev)`` runs in C the levels from ``lev`` to
+    the next that does not run there (a level left to torch calls, or in ``skip``), and returns how
+    many it ran (0: ``lev`` runs as torch calls); ``backward(lev, grads)`` runs those from ``lev``
+    down to the first of its stretch the same way."""
 
-    def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, double: bool, max: bool):
+    def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, double: bool, max: bool, skip: set[int]):
         self.levels, self.batch, self.double, self.max = levels, batch, double, max
         self.threads = torch.get_num_threads()
         self.table = levels.table(buf)
-        self.grads: np.ndarray | None = None
+        self.first, self.end = levels.stretches(skip)
+        self.grads: np.ndarray | None = None  # the gradient buffers' table, made by a backward pass's first level
 
-    def forward(self, lev: int) -> bool:
-        d = self.levels.forward[lev]
-        if d is None:
-            return False
-        _kernel.forward(self.max, self.double, self.batch, self.threads, self.table, d)
-        return True
+    def forward(self, lev: int) -> int:
+        end = self.end[lev]
+        for d in self.levels.forward[lev:end]:
+            _kernel.forward(self.max, self.double, self.batch, self.threads, self.table, d)
+        return end - lev
 
-    def backward(self, lev: int, grads: dict[str, Tensor]) -> bool:
-        d = self.levels.backward[lev]
-        if d is None:
-            return False
+    def backward(self, lev: int, grads: dict[str, Tensor]) -> int:
+        first = self.first[lev]
+        if first > lev:
+            return 0
         if self.grads is None:
             self.grads = self.levels.table(grads)
-        _kernel.backward(self.max, self.double, self.batch, self.threads, self.table, self.grads, d)
-        return True
+        for d in reversed(self.levels.backward[first:lev + 1]):
+            _kernel.backward(self.max, self.double, self.batch, self.threads, self.table, self.grads, d)
+        return lev + 1 - first
 
 
 def applies(semiring: Semiring, inputs) -> bool:
@@ -88,11 +91,12 @@ def applies(semiring: Semiring, inputs) -> bool:
 
 
 def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semiring, buf: dict[str, Tensor],
-         batch: int) -> Bound | None:
+         batch: int, skip: set[int]) -> Bound | None:
     """The kernel for a run in place on ``buf`` (``[B or 1, positions]`` per key; a run that
-    :func:`applies`), or None where a buffer does not fit (:meth:`.pack.Packed.fits`)."""
+    :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer does not
+    fit (:meth:`.pack.Packed.fits`)."""
     like = buf[GOAL]
     levels_ = packed(plan, levels, backward_order)
     if not levels_.fits(buf):
         return None
-    return Bound(levels_, buf, batch, like.dtype == torch.float64, type(semiring) is MaxSemiring)
+    return Bound(levels_, buf, batch, like.dtype == torch.float64, type(semiring) is MaxSemiring, skip)

@@ -50,6 +50,7 @@ class Packed:
         self.work: list[int] = []  # per level: its instances per example (the product of every step's box)
         self.items: list[tuple[list[int], list[int]]] = []  # per level: its steps' items, forward and backward order
         self.instances: list[int] = []  # per level: the most instances per item of its steps (1: pointwise)
+        self._stretches: dict[frozenset[int], tuple[list[int], list[int]]] = {}  # :meth:`stretches` per set of skipped levels
         for steps in levels:
             packed = [_pack(step, key) for step in steps]
             backward = [s for group in backward_order(steps) for s in group]
@@ -78,11 +79,27 @@ class Packed:
 
     def table(self, buf: dict[str, Tensor]) -> np.ndarray:
         """Per key: (address, batch stride) of its buffer ``[B or 1, positions]`` (0: shared by the batch)."""
-        out = np.empty((len(self.keys), 2), dtype=np.int64)
-        for i, k in enumerate(self.keys):
-            t = buf[k]
-            out[i] = t.data_ptr(), (t.stride(0) if t.shape[0] > 1 else 0)
-        return out
+        rows = [(t.data_ptr(), t.stride(0) if t.shape[0] > 1 else 0) for t in map(buf.__getitem__, self.keys)]
+        return np.array(rows, dtype=np.int64).reshape(len(self.keys), 2)
+
+    def stretches(self, skip: set[int]) -> tuple[list[int], list[int]]:
+        """Per level, its stretch, the longest run of packed levels outside ``skip`` around it: its
+        first level and the level after its last (``lev + 1`` and ``lev`` where the level is in
+        none), found once per set of skipped levels."""
+        key = frozenset(skip)
+        if key not in self._stretches:
+            runs = [d is not None and lev not in skip for lev, d in enumerate(self.forward)]
+            first, end = [], [0] * len(runs)
+            start = 0
+            for lev, packed in enumerate(runs):
+                start = start if packed else lev + 1
+                first.append(start)
+            stop = len(runs)
+            for lev in reversed(range(len(runs))):
+                stop = stop if runs[lev] else lev
+                end[lev] = stop
+            self._stretches[key] = first, end
+        return self._stretches[key]
 
 
 def packed(plan: Plan, levels: list[list[Step]], backward_order) -> Packed:

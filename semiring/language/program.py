@@ -68,6 +68,7 @@ class Program:
         charts = {r.head.name: len(r.head.indices) for r in self.rules}
         self._layouts = layouts(self.rules, charts, {i: summed_variables(r) for i, r in enumerate(self.rules)})
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._checked: OrderedDict[tuple, None] = OrderedDict()  # the last PLANS sets of sizes that passed the checks of sizes alone
 
     def _cycle(self) -> ProgramError:
         """The error for a program without levels, blamed on the rule that closes the cycle: the
@@ -127,8 +128,15 @@ class Program:
                 raise ProgramError(f"input {name!r} holds log-potentials, so it must be floating point, got {x.dtype}",
                                    first.line, first.col, self._line(first.line))
             shapes[name] = tuple(x.shape[1:])
-        self._check_shared_indices(shapes)
-        self._check_transposed(shapes)
+        key = tuple(sorted(shapes.items()))
+        if key in self._checked:
+            self._checked.move_to_end(key)
+        else:
+            self._check_shared_indices(shapes)
+            self._check_transposed(shapes)
+            self._checked[key] = None
+            if len(self._checked) > PLANS:
+                self._checked.popitem(last=False)
         return (batch or 0), shapes
 
     def _check_transposed(self, shapes: dict[str, tuple[int, ...]]) -> None:

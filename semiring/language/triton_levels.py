@@ -133,11 +133,11 @@ def _stretches(levels: Packed, skip: set[int]) -> tuple[set[int], dict[int, tupl
 
 
 class Bound:
-    """A run's packed levels with its buffers, as stretches: ``forward(lev)`` runs the stretch that
-    starts at ``lev`` in one launch (and answers True for its other levels), ``backward(lev,
-    grads)`` the stretch that ends at ``lev``; both return False where the level runs as torch
-    calls. A level of more than ``SPLIT`` instances per example is a stretch of its own, run a step
-    per launch with each example's item tiles spread over several programs."""
+    """A run's packed levels with its buffers, as stretches: ``forward(lev)`` runs the stretch from
+    ``lev`` in one launch, ``backward(lev, grads)`` the stretch that ends at ``lev``; both return
+    the number of levels they ran, 0 where the level runs as torch calls. A level of more than
+    ``SPLIT`` instances per example is a stretch of its own, run a step per launch with each
+    example's item tiles spread over several programs."""
 
     def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, max: bool, skip: set[int]):
         like = buf[GOAL]
@@ -163,24 +163,24 @@ class Bound:
             tiles = min(max(-(-count // bi), 1), MAX_TILES)
             kernel[(self.batch, tiles)](*args, lev, lev + 1, only, **constants)
 
-    def forward(self, lev: int) -> bool:
+    def forward(self, lev: int) -> int:
+        """Launch the levels from ``lev`` to the end of its stretch; how many they are (0: none)."""
         if lev not in self.stretch:
-            return False
-        first, last = self.stretch[lev]
-        if lev == first:
-            self._launch(_kernels().forward, lev, first, last, self.levels.items[lev][0], *self.descs.forward, self.table)
-        return True
+            return 0
+        _, last = self.stretch[lev]
+        self._launch(_kernels().forward, lev, lev, last, self.levels.items[lev][0], *self.descs.forward, self.table)
+        return last - lev
 
-    def backward(self, lev: int, grads: dict[str, Tensor]) -> bool:
+    def backward(self, lev: int, grads: dict[str, Tensor]) -> int:
+        """Launch the levels from ``lev`` down to the first of its stretch; how many they are (0: none)."""
         if lev not in self.stretch:
-            return False
-        first, last = self.stretch[lev]
-        if lev == last - 1:
-            if self.grads is None:
-                self.grads = _on(self.levels.table(grads), self.table.device)
-            self._launch(_kernels().backward, lev, first, last, self.levels.items[lev][1], *self.descs.backward, self.table,
-                         self.grads, SEM=ATOMICS)
-        return True
+            return 0
+        first, _ = self.stretch[lev]
+        if self.grads is None:
+            self.grads = _on(self.levels.table(grads), self.table.device)
+        self._launch(_kernels().backward, lev, first, lev + 1, self.levels.items[lev][1], *self.descs.backward, self.table,
+                     self.grads, SEM=ATOMICS)
+        return lev + 1 - first
 
 
 def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semiring, buf: dict[str, Tensor],
