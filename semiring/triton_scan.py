@@ -26,8 +26,9 @@ interpreting = Switch(False)
 def applies(init: Tensor, xs: Tensor, unary: Tensor | None) -> bool:
     """Whether a scan of these tensors (``init [B, K]``, ``xs [B or 1, T or 1, K, K]``, ``unary [B,
     T, K]`` or None) is these kernels': on one CUDA device (or the CPU while :data:`interpreting`),
-    float32 or float64 alike, K <= :data:`MAX_STATES`, not during CUDA graph capture (the kernels
-    capture, but the torch calls' capture is what the callers have tested)."""
+    float32 or float64 alike, K <= :data:`MAX_STATES`, not during CUDA graph capture (its launches
+    take no host table and could be captured, but that has not run on a device yet, and a first
+    launch compiles, which capture cannot)."""
     steps = unary.shape[1] if unary is not None else xs.shape[-3] if xs.dim() == 4 else 0
     if not enabled or init.dim() != 2 or xs.dim() != 4 or xs.shape[-1] != xs.shape[-2] or not (init.shape[0] and steps):
         return False
