@@ -52,11 +52,12 @@ def on_torch():
         yield
 
 
-def launches(monkeypatch) -> list[tuple[str, int, int]]:
-    """The kernels' launches from now on: (forward or backward, first level, last level + 1, the
-    only step run or -1: all)."""
+def launches(monkeypatch, module=None) -> list[tuple]:
+    """The kernels' launches from now on: (forward or backward, then the last three arguments: for
+    the levels' kernels first level, last level + 1, the only step run or -1: all); ``module``: of
+    other kernels named forward and backward (the scan's)."""
     seen = []
-    module = triton_levels._kernels()
+    module = module or triton_levels._kernels()
     for name in ("forward", "backward"):
         fn = getattr(module, name)
 

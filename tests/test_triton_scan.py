@@ -21,6 +21,7 @@ import semiring as sr
 from semiring import triton_scan
 from semiring.language import triton_levels
 from structures import EmissionCRF
+from test_triton import launches
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
@@ -90,19 +91,7 @@ def test_the_scan_kernel_gives_the_torch_calls_values_and_gradients(semiring, sh
 def test_a_chain_structure_takes_the_scan_kernel_in_one_launch_each_way(semiring, monkeypatch):
     from semiring import _triton_scan_kernels as kernels
 
-    seen = []
-    for name in ("forward", "backward"):
-        fn = getattr(kernels, name)
-
-        class Counted:
-            def __init__(self, fn, name):
-                self.fn, self.name = fn, name
-
-            def __getitem__(self, grid):
-                seen.append(self.name)
-                return self.fn[grid]
-
-        monkeypatch.setattr(kernels, name, Counted(fn, name))
+    seen = launches(monkeypatch, kernels)
     g = torch.Generator().manual_seed(1)
     emissions = torch.randn(3, 7, 4, generator=g, dtype=torch.float64).to(DEVICE)
     transitions = torch.randn(4, 4, generator=g, dtype=torch.float64).to(DEVICE)
@@ -116,7 +105,7 @@ def test_a_chain_structure_takes_the_scan_kernel_in_one_launch_each_way(semiring
     want = marginals(False)
     seen.clear()
     got = marginals(True)
-    assert seen == ["forward", "backward"]
+    assert [name for name, *_ in seen] == ["forward", "backward"]
     assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
