@@ -180,10 +180,6 @@ class Run:
         """Every level's steps in order, the goal's last; ``fused``: sibling steps as one."""
         return [*(self.plan.fused if fused else self.plan.levels), self.plan.goal]
 
-    def all_steps(self, fused: bool = False):
-        """(level number, its steps) in order, the goal's last; ``fused``: sibling steps as one."""
-        yield from enumerate(self.levels(fused))
-
     def kernel(self, buf: dict[str, Tensor], dual: bool) -> kernel.Bound | triton_levels.Bound | None:
         """The native kernels of the in-place levels on ``buf``, or None where they do not apply;
         bound once per buffers (the backward takes the forward's binding: its table of addresses)."""
@@ -464,7 +460,7 @@ class Run:
         buf = self.sources(elements)
         buf.update(self.buffers(like, arena=False))
         scans, skip = self.scans(False), 0
-        for lev, steps in self.all_steps():
+        for lev, steps in enumerate(self.levels()):
             if lev < skip:
                 continue
             if lev in scans:

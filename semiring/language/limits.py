@@ -4,8 +4,9 @@ the way to raise the budget, instead of computing for minutes or until memory ru
 
 The work of a run is its number of *terms*: one per rule and assignment of the rule's variables in
 its box (summed variables included), per example; the C kernel computes 10^7 to 10^8 of them a
-second on one core (6 * 10^7 for a CKY of 800 words on an AMD EPYC core). The memory is that of the charts' buffers for the whole batch (the values; a backward
-pass needs as much again for their gradients).
+second on one core (6 * 10^7 for a CKY of 800 words on an AMD EPYC core). The memory is that of the
+charts' buffers for the whole batch (the values; a backward pass needs as much again for their
+gradients).
 """
 
 from __future__ import annotations
