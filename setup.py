@@ -1,5 +1,5 @@
 """The optional C extensions (the spanning-tree decode's contraction loop, the matrix-tree
-theorem's log Z and marginals, the compiler's Log levels); the rest of the metadata is in pyproject.toml. Without a C compiler the
+theorem's log Z and marginals, the compiler's Log and Max levels, the semirings' scans); the rest of the metadata is in pyproject.toml. Without a C compiler the
 install goes on without them (numpy's decode and the torch path run). The compiler's kernel splits
 a batch across POSIX threads where there are (else it runs on one)."""
 
@@ -12,6 +12,8 @@ THREADS = ["-pthread"] if os.name == "posix" else []
 setup(ext_modules=[
     Extension("structures.spanning.decode._tarjan_c", ["structures/spanning/decode/_tarjan.c"], optional=True),
     Extension("structures.spanning._matrix_tree_c", ["structures/spanning/_matrix_tree_c.c"], optional=True),
-    Extension("semiring.language._kernel", ["semiring/language/_kernel.c"], optional=True,
+    Extension("semiring.language._kernel", ["semiring/language/_kernel.c"], optional=True, depends=["semiring/_vector.h"],
+              extra_compile_args=THREADS, extra_link_args=THREADS),
+    Extension("semiring._scan", ["semiring/_scan.c"], optional=True, depends=["semiring/_vector.h"],
               extra_compile_args=THREADS, extra_link_args=THREADS),
 ])

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from . import triton_scan
+from . import cpu_scan, triton_scan
 
 NEG_INF = float("-inf")
 
@@ -183,6 +183,11 @@ class _LogScan(torch.autograd.Function):
             ctx.save_for_backward(init, xs, unary, base, alphas)
             return alphas
         steps, one_matrix = _scan_shapes(init, xs, unary)
+        ctx.cpu = cpu_scan.applies(init, xs, unary, keep=differentiated)
+        if ctx.cpu:
+            alphas, ctx.weights, ctx.sums = cpu_scan.forward(init, xs, unary, is_max=False, keep=differentiated)
+            ctx.save_for_backward(init, xs, unary, alphas, alphas)
+            return alphas
         base = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # the ⊕ of each step, before unary
         ctx.products = one_matrix and xs.shape[0] == 1 and _on_host(xs) and _LogScan._by_products(ctx, init, xs, unary, base)
         ctx.weights = None
@@ -245,6 +250,10 @@ class _LogScan(torch.autograd.Function):
             return (*_scan_grad(Log, grad, init, xs, unary), None)
         if ctx.triton:
             return (*triton_scan.backward(init, xs, unary, alphas, base, grad, is_max=False), None)
+        if ctx.cpu:
+            if ctx.weights is None:  # (a forward that did not expect a backward)
+                _, ctx.weights, ctx.sums = cpu_scan.forward(init, xs, unary, is_max=False, keep=True)
+            return (*cpu_scan.backward(init, xs, unary, alphas, ctx.weights, ctx.sums, grad, is_max=False), None)
         steps = base.shape[0]
         carry = torch.zeros_like(init)
         gu = torch.empty_like(grad) if unary is not None else None
@@ -299,6 +308,11 @@ class _MaxScan(torch.autograd.Function):
             alphas, _ = triton_scan.forward(init, xs, unary, is_max=True)
             ctx.save_for_backward(init, xs, unary, alphas)
             return alphas
+        ctx.cpu = cpu_scan.applies(init, xs, unary)
+        if ctx.cpu:
+            alphas, _, _ = cpu_scan.forward(init, xs, unary, is_max=True, keep=False)
+            ctx.save_for_backward(init, xs, unary, alphas)
+            return alphas
         steps, _ = _scan_shapes(init, xs, unary)
         per_step = xs.shape[1] > 1  # else one matrix [*, 1, K, L] for every step
         alphas = xs.new_empty(steps, *init.shape[:-1], xs.shape[-1])  # time-major: one block a step
@@ -322,6 +336,8 @@ class _MaxScan(torch.autograd.Function):
             return _scan_grad(Max, grad, init, xs, unary)
         if ctx.triton:
             return triton_scan.backward(init, xs, unary, alphas, alphas, grad, is_max=True)
+        if ctx.cpu:
+            return cpu_scan.backward(init, xs, unary, alphas, None, None, grad, is_max=True)
         per_step = xs.shape[1] > 1
         nonzero = grad != 0
         if _on_host(grad) and bool(nonzero.flatten(1).sum(1).le(1).all()):  # each example's gradient is one best path

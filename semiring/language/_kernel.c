@@ -44,6 +44,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../_vector.h"
+
 #define MAXDIM 16
 #define MAXREADS 32 /* terms of a rule */
 
@@ -173,61 +175,6 @@ static int64_t need(const Step *s, int max) {
     case 2: return (s->K + 3) * pitch + 8;
     default: return 2 * (s->K + 8);
     }
-}
-
-/* exp of 8 floats / 4 doubles at a time (GCC vector extensions: AVX2 where the CPU has it,
- * chosen at load time (ALL_STEPS below), else pairs of SSE2 registers): Cody-Waite reduction x = n ln2 + r, a Taylor
- * polynomial of r (|r| <= ln2/2: degree 7 for float, 13 for double, both below half an ulp), times 2^n
- * built in the exponent bits. Below -87.3 (float) / -708 (double) it gives 0, not the subnormal
- * (weights under 1e-38 / 1e-307 of the largest, which the sums they enter cannot hold anyway);
- * above 88 / 709 the lanes are recomputed by libm (only +inf terms reach there). */
-typedef float vf __attribute__((vector_size(32)));
-typedef int32_t vif __attribute__((vector_size(32)));
-typedef double vd __attribute__((vector_size(32)));
-typedef int64_t vid __attribute__((vector_size(32)));
-typedef uint64_t vu64 __attribute__((vector_size(32)));
-#define ANY(mask) (((vu64)(mask))[0] | ((vu64)(mask))[1] | ((vu64)(mask))[2] | ((vu64)(mask))[3]) /* without a branch per lane */
-#define LANES_f32 8
-#define LANES_f64 4
-
-static inline __attribute__((always_inline)) vf exp_f32(vf x) {
-    const vf zero = {0}, lo = zero + -87.3f, hi = zero + 88.0f;
-    const vif under = x < lo, over = x > hi;
-    vf c = (vf)(((vif)lo & under) | ((vif)x & ~under));
-    c = (vf)(((vif)hi & over) | ((vif)c & ~over));
-    const vf magic = zero + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    vf fx = c * 1.44269504088896341f + magic;
-    vif e = (((vif)fx - 0x4B400000) + 127) << 23;
-    vf n = fx - magic;
-    vf r = c - n * 0.693359375f - n * -2.12194440e-4f;
-    vf r2 = r * r, r4 = r2 * r2; /* Estrin's scheme: a shorter chain of dependent operations */
-    vf p = ((r + 1.0f) + r2 * (0.5f + r * (1.0f / 6))) + r4 * ((1.0f / 24 + r * (1.0f / 120)) + r2 * (1.0f / 720 + r * (1.0f / 5040)));
-    vf y = p * (vf)e;
-    y = (vf)((vif)y & ~under);
-    if (__builtin_expect(ANY(over) != 0, 0))
-        for (int i = 0; i < LANES_f32; i++) if (over[i]) y[i] = expf(x[i]);
-    return y;
-}
-
-static inline __attribute__((always_inline)) vd exp_f64(vd x) {
-    const vd zero = {0}, lo = zero + -708.0, hi = zero + 709.0;
-    const vid under = x < lo, over = x > hi;
-    vd c = (vd)(((vid)lo & under) | ((vid)x & ~under));
-    c = (vd)(((vid)hi & over) | ((vid)c & ~over));
-    const vd magic = zero + 6755399441055744.0; /* 1.5 * 2^52 */
-    vd fx = c * 1.4426950408889634074 + magic;
-    vid e = (((vid)fx - 0x4338000000000000LL) + 1023) << 52;
-    vd n = fx - magic;
-    vd r = c - n * 6.93145751953125e-1 - n * 1.42860682030941723212e-6;
-    vd r2 = r * r, r4 = r2 * r2, r8 = r4 * r4; /* Estrin's scheme, coefficients 1/k! */
-    vd p = ((r + 1.0) + r2 * (1.0 / 2 + r * (1.0 / 6))) + r4 * ((1.0 / 24 + r * (1.0 / 120)) + r2 * (1.0 / 720 + r * (1.0 / 5040)))
-         + r8 * (((1.0 / 40320 + r * (1.0 / 362880)) + r2 * (1.0 / 3628800 + r * (1.0 / 39916800)))
-                 + r4 * (1.0 / 479001600 + r * (1.0 / 6227020800.0)));
-    vd y = p * (vd)e;
-    y = (vd)((vid)y & ~under);
-    if (__builtin_expect(ANY(over) != 0, 0))
-        for (int i = 0; i < LANES_f64; i++) if (over[i]) y[i] = exp(x[i]);
-    return y;
 }
 
 /* log(1 + e) for e in [0, 1] (logaddexp's correction): 2 atanh(u), u = e / (2 + e) in [0, 1/3], by
@@ -839,18 +786,14 @@ KERNELS(float, vf, vif, f32, -FLT_MAX, logf, log1pf, expf)
 MAX_KERNELS(double, vd, vid, f64)
 MAX_KERNELS(float, vf, vif, f32)
 
-/* every step function for one instruction set: SSE2 (x86-64's baseline, or another CPU's own) and,
- * on x86-64, AVX2 with FMA and AVX-512. The vectors stay 32 bytes wide; AVX2 holds one in a register,
- * FMA fuses the polynomials' multiply-adds (one rounding per term), AVX-512 adds 32 registers and masks */
+/* every step function for one instruction set (../_vector.h) */
 #define ALL_STEPS(ISA, TARGET)                                \
     STEPS(double, vd, vid, f64, -DBL_MAX, ISA, TARGET)        \
     STEPS(float, vf, vif, f32, -FLT_MAX, ISA, TARGET)         \
     MAX_STEPS(double, f64, ISA, TARGET)                       \
     MAX_STEPS(float, f32, ISA, TARGET)
 ALL_STEPS(_base, )
-#if defined(__x86_64__) && defined(__GNUC__)
-#define AVX2 __attribute__((target("avx2,fma")))
-#define AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#if ISAS_X86
 ALL_STEPS(_avx2, AVX2)
 ALL_STEPS(_avx512, AVX512)
 #endif
@@ -935,24 +878,12 @@ static void examples##ISA(const int64_t *p, const int64_t *end, const Level *lv,
 /* The instruction sets the kernel is compiled for (ALL_STEPS), best last: the CPU's best is chosen
  * when the module loads (set_isa() may choose a lower one) */
 EXAMPLES(_base)
-#if defined(__x86_64__) && defined(__GNUC__)
+#if ISAS_X86
 EXAMPLES(_avx2)
 EXAMPLES(_avx512)
-static const char *const ISA_NAMES[] = {"sse2", "avx2+fma", "avx512"};
 static Examples *const ISA_CODE[] = {examples_base, examples_avx2, examples_avx512};
-
-/* whether the CPU runs instruction set i */
-static int has_isa(int i) {
-    __builtin_cpu_init();
-    if (i >= 1 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return 0;
-    if (i >= 2 && !(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))) return 0;
-    return 1;
-}
 #else
-static const char *const ISA_NAMES[] = {"generic"};
 static Examples *const ISA_CODE[] = {examples_base};
-static int has_isa(int i) { return i == 0; }
 #endif
 #define N_ISAS ((int)(sizeof ISA_CODE / sizeof ISA_CODE[0]))
 static int isa; /* the instruction set in use: an index of ISA_CODE */

@@ -20,7 +20,7 @@ import math
 import torch
 from torch import Tensor
 
-from .. import triton_scan
+from .. import cpu_scan, triton_scan
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from . import kernel, triton_levels
 from .fuse import ARENA
@@ -245,12 +245,14 @@ class Run:
     def scans(self, dual: bool) -> dict[int, Scan]:
         """The plan's runs of chain levels, where the semiring has a fused scan (and not on dual
         tensors: its nodes have no forward-mode derivative). Where the C kernel runs the levels,
-        only the scans of one matrix for every level (an HMM's, an EmissionCRF's: the scan multiplies
-        matrices there, 3.6x faster than the kernel's sums); a chain of a matrix per level runs in
-        the kernel (1.1-6x faster than its scan at C = 32 and 16). On a GPU, the scans the Triton
-        scan takes (:data:`.triton_levels.CHAIN_SCANS`: of a matrix per level too)."""
+        every scan where the C scan (:mod:`semiring.cpu_scan`) is built, a chain's whole run of levels
+        in one call, else only the scans of one matrix for every level (an HMM's, an EmissionCRF's:
+        the torch scan multiplies matrices there, 3.6x faster than the kernel's sums). On a GPU, the
+        scans the Triton scan takes (:data:`.triton_levels.CHAIN_SCANS`: of a matrix per level too)."""
         if dual or type(self.semiring).scan is Semiring.scan:
             return {}
+        if self.native is kernel and cpu_scan.enabled:
+            return self.plan.scans
         if self.native is kernel or (self.native is triton_levels and not triton_levels.CHAIN_SCANS):
             return {lev: scan for lev, scan in self.plan.scans.items() if scan.matrix.strides[0] == 0}
         if self.native is triton_levels:

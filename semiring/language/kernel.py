@@ -21,12 +21,14 @@ on one.
 
 from __future__ import annotations
 
-from typing import ContextManager
+from contextlib import contextmanager
+from typing import Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from .. import cpu_scan
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from ..switch import Switch
 from .pack import Packed, packed
@@ -41,9 +43,12 @@ except ImportError:  # pragma: no cover - the torch path runs instead
 _enabled = Switch(True)
 
 
-def disabled() -> ContextManager[None]:
-    """Runs inside use the torch calls only (to compare the two paths)."""
-    return _enabled.to(False)
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Runs inside use the torch calls only, the scans' too (:mod:`semiring.cpu_scan`; to compare
+    the two paths)."""
+    with _enabled.to(False), cpu_scan.enabled.to(False):
+        yield
 
 
 def available() -> bool:

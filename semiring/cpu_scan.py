@@ -1,0 +1,97 @@
+"""The Log and Max semirings' scans (:meth:`~semiring.semirings.Semiring.scan`) on the CPU: one call
+of a C loop forward and one backward (``_scan.c``), where torch calls take a handful of dispatches per
+step and the language's kernel a level per step.
+
+The Log forward keeps its state relative to a running shift (a double), so float32 weights keep
+their precision at any length, and, where the backward is wanted, keeps the weights ``exp(term -
+column max)`` (one number per entry of ``xs``): the backward is then products only. The Max scan does
+the torch calls' float operations, so it gives the same bits, and its backward is Viterbi's backtrace.
+Where the extension was not built (setup.py), for other dtypes or component dimensions, the torch
+calls run as before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .switch import Switch
+
+try:  # built at install time where a C compiler is (setup.py)
+    from . import _scan
+except ImportError:  # pragma: no cover - the torch calls run instead
+    _scan = None
+
+enabled = Switch(_scan is not None)
+
+KEEP = 1 << 26  # the most weights a Log scan keeps for its backward beyond twice its matrices' numbers (256 MiB in float32)
+_UNARY, _KEEP, _SHARED_GRAD = 1, 2, 4  # _scan.c's flags
+
+
+def applies(init: Tensor, xs: Tensor, unary: Tensor | None, keep: bool = False) -> bool:
+    """Whether a scan of these tensors (``init [B, K]``, ``xs [B or 1, T or 1, K, K]``, ``unary [B,
+    T, K]`` or None) is this kernel's: built and enabled, every tensor on the CPU in float32 or
+    float64 alike, and (``keep``: a Log scan whose backward is wanted) its weights within
+    :data:`KEEP` (a matrix per step keeps as many numbers as it reads; one for every step, B T times
+    as many)."""
+    if not enabled or init.dim() != 2 or xs.dim() != 4 or xs.shape[-1] != xs.shape[-2] or init.shape[-1] != xs.shape[-1]:
+        return False
+    tensors = [t for t in (init, xs, unary) if t is not None]
+    steps = unary.shape[1] if unary is not None else xs.shape[1]
+    B, K = init.shape
+    if keep and B * steps * K * _pad(K) > max(KEEP, 2 * xs.numel()):
+        return False
+    return (B > 0 and steps > 0 and K > 0 and xs.shape[1] in (1, steps)
+            and xs.shape[0] in (1, init.shape[0]) and (unary is None or unary.shape == (B, steps, K))
+            and init.dtype in (torch.float32, torch.float64)
+            and all(t.device.type == "cpu" and t.dtype == init.dtype and t.layout == torch.strided for t in tensors))
+
+
+def _strides(t: Tensor) -> list[int]:
+    return [0 if n == 1 else s for n, s in zip(t.shape, t.stride())]
+
+
+def _pad(K: int) -> int:
+    return -(-K // _scan.PAD_TO) * _scan.PAD_TO
+
+
+def _args(init: Tensor, xs: Tensor, unary: Tensor | None, flags: int, *addresses: Tensor | None) -> np.ndarray:
+    B, K = init.shape
+    T = unary.shape[1] if unary is not None else xs.shape[1]
+    u = [unary.data_ptr(), *_strides(unary)] if unary is not None else [0, 0, 0, 0]
+    return np.array([B, T, K, flags | (_UNARY if unary is not None else 0),
+                     init.data_ptr(), *_strides(init), xs.data_ptr(), *_strides(xs), *u,
+                     *[0 if t is None else t.data_ptr() for t in addresses]], dtype=np.int64)
+
+
+def forward(init: Tensor, xs: Tensor, unary: Tensor | None, is_max: bool, keep: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """``(alphas [B, T, K], weights, sums)``: every step's state, and (Log, ``keep``) what the
+    backward reads, the weights ``[B, T, K, KP]`` and their column sums ``[B, T, K]``."""
+    B, K = init.shape
+    T = unary.shape[1] if unary is not None else xs.shape[1]
+    alphas = init.new_empty(B, T, K)
+    keep = keep and not is_max
+    weights = init.new_empty(B, T, K, _pad(K)) if keep else None
+    sums = init.new_empty(B, T, K) if keep else None
+    args = _args(init, xs, unary, _KEEP if keep else 0, alphas, weights, sums, None, None, None, None)
+    _scan.forward(is_max, init.dtype == torch.float64, torch.get_num_threads(), args)
+    return alphas, weights, sums
+
+
+def backward(init: Tensor, xs: Tensor, unary: Tensor | None, alphas: Tensor, weights: Tensor | None,
+             sums: Tensor | None, grad: Tensor, is_max: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The gradients of ``(init, xs, unary)`` from ``grad [B, T, K]``, the gradient of ``alphas``
+    (Log: from the forward's kept ``weights`` and ``sums``; Max: the backtrace, each state's gradient
+    carried to its first best predecessor)."""
+    B, T, K = alphas.shape
+    per_step = xs.shape[1] > 1 or T == 1
+    grad = grad.contiguous()
+    g_init = init.new_empty(B, K)
+    g_xs = init.new_empty((B, T, K, K) if per_step else (B, K, K))
+    g_unary = torch.empty_like(grad) if unary is not None else None
+    args = _args(init, xs, unary, 0 if per_step else _SHARED_GRAD, alphas, weights, sums, grad, g_init, g_xs, g_unary)
+    _scan.backward(is_max, init.dtype == torch.float64, torch.get_num_threads(), args)
+    if xs.shape[0] == 1:
+        g_xs = g_xs.sum(0, keepdim=True)
+    return g_init, g_xs.reshape(xs.shape), g_unary
