@@ -32,7 +32,7 @@ make_venv() {
 # What the installed package was built from: when this changes, it is installed again.
 install_stamp() {
     local sources
-    sources="$(cd "$ROOT" && find semiring structures -name '*.c' | LC_ALL=C sort)"
+    sources="$(cd "$ROOT" && find semiring structures \( -name '*.c' -o -name '*.h' \) | LC_ALL=C sort)"
     echo "$( (cd "$ROOT" && cat pyproject.toml setup.py $sources) | sha256sum | cut -d' ' -f1) extras=$EXTRAS $ROOT"
 }
 
