@@ -10,9 +10,9 @@ look positions up from data run there too. A level with more than 16 coordinates
 rule runs as torch calls, as does every run off the CPU (on a GPU, :mod:`.triton_levels` runs the
 same descriptors), on forward-mode dual tensors, in another semiring, or where the optional
 extension was not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
-kernel applies, a chain with a matrix per level runs in it level by level rather than as a fused
-scan (3.5 vs 21 ms for chain marginals at B=4, N=256, C=16); a scan of one matrix for every level
-stays a scan (:meth:`~.execute.Run.scans`). A level splits the batch across up to
+kernel applies, a chain's run of levels is a scan (:meth:`~.execute.Run.scans`), one call of the C
+scan each way (:mod:`semiring.cpu_scan`; without it, a chain of a matrix per level runs here level by
+level, 3.5 vs 21 ms as torch's scan for marginals at B=4, N=256, C=16). A level splits the batch across up to
 ``torch.get_num_threads()`` threads where it is large enough (POSIX threads, where the extension was
 built with them; the caller never waits for a worker that has not started): each example is computed as on one thread, so the numbers do not depend on the count; a
 level that writes a buffer shared by the batch (the gradient of an input every example reads) runs
