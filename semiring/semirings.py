@@ -165,7 +165,9 @@ def _scan_shapes(init: Tensor, xs: Tensor, unary: Tensor | None):
 
 
 class _LogScan(torch.autograd.Function):
-    """``Semiring.scan`` in the Log semiring as one autograd node.
+    """``Semiring.scan`` in the Log semiring as one autograd node: one Triton launch each way on a
+    GPU (:mod:`.triton_scan`), one call of a C loop each way on the CPU (:mod:`.cpu_scan`), else
+    torch calls per step, as follows.
 
     Per-step matrices: the forward keeps only the chart; the backward runs the outside recursion in
     reverse with in-place ops, one preallocated gradient for all steps. One matrix for every step
@@ -294,7 +296,8 @@ class _LogScan(torch.autograd.Function):
 
 
 class _MaxScan(torch.autograd.Function):
-    """``Semiring.scan`` in the Max semiring as one autograd node. The forward keeps values only
+    """``Semiring.scan`` in the Max semiring as one autograd node (on a GPU one Triton launch each
+    way, on the CPU one C call each way, the same float operations as below). The forward keeps values only
     (``amax``, no indices) and reduces over the from-state, which is not the innermost dimension of
     the matrices, so the max runs vectorized across the to-states; the backward is Viterbi's
     backtrace as a gradient: at each step it finds the argmax only for the states the incoming
