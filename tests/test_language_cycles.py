@@ -563,6 +563,8 @@ def test_a_system_that_diverges_or_has_a_positive_cycle_is_refused_naming_its_ru
     (TWO_UNARY.replace("u2[a, b]", "u2[s, a, b]"), "line 4, column 19",
      r"a cycle with the rule of line 5; see Cycles\. The weights of a cycle's rules must have the same indices besides "
      r"the labels: 'u1\[a, b\]', 'u2\[s, a, b\]'"),
+    (UNARY_CFG.replace("unary[a, b]", "unary[a, b, c]"), "line 4, column 19",
+     r"Its weights 'unary\[a, b, c\]' may be indexed, besides the labels, only by the head's variables"),
     (UNARY_CFG.replace("X[s, t, a] += X[s, t, b]", "X[s, s+1, a] += X[s, s+1, b]"), "line 4, column 21",
      r"Its head's indices other than the label \(index 3\) must be distinct variables"),
     (TWO_CHARTS.replace("Y[s, t, b] * up[a, b]", "Y[s, b, a] * up[t, b]"), "line 5",
