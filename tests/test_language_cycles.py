@@ -459,7 +459,8 @@ def two_labels_oracle(x, n, ops):
 
 def test_two_cycle_rules_on_one_chart_are_one_closure():
     prog = sr.program(TWO_UNARY)
-    assert [str(r) for r in prog.rules if r.head.name == "X"] == ["X[s, t, a] += X'[s, t, a]", "X[s, t, a] += X'[s, t, b] * X+X[a, b]"]
+    assert [str(r) for r in prog.rules if r.head.name == "X"] == [
+        "X[s, t, a] += X'[s, t, a]", "X[s, t, a] += X'[s, t, b] * X+X[a, b]"]
     word, rule, _ = grammar(B=2, N=3, NT=3)
     u1, u2 = random(2, 3, 3, shift=-3, seed=1), random(1, 3, 3, shift=-3, seed=2)
     agrees(prog, two_unary_oracle, dict(word=word, rule=rule, u1=u1, u2=u2), [3, 2], ["Log", "Real", "Max"])
@@ -510,8 +511,7 @@ def test_two_charts_marginals_decodes_and_gradcheck():
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
     assert got[3].sum() > 0 and got[4].sum() > 0
-    small = [x[:1, :2, :2].detach().clone().requires_grad_() if x.dim() == 3 else x[:1, :2, :2, :2].detach().clone().requires_grad_()
-             for x in xs]
+    small = [(x[:1, :2, :2, :2] if x.dim() == 4 else x[:1, :2, :2]).detach().clone().requires_grad_() for x in xs]
     assert torch.autograd.gradcheck(lambda *ys: prog(sr.Log, **dict(zip(names, ys))), small)
 
 
@@ -523,6 +523,8 @@ def test_a_constant_label_in_a_cycle():
     inputs["open"] = torch.full_like(inputs["open"], -math.inf)
     inputs["close"][:, 0] = -math.inf  # into the root from the other labels only: no cycle
     agrees(prog, root_oracle, inputs, [3, 2], ["Count"])
+    with pytest.raises(ValueError, match=r"line 4, .*Its constant label \(entry 5\) of 'X' is beyond the 3 labels its weights give"):
+        sr.program(ROOT_CFG.replace("X[s, t, 0] +=", "X[s, t, 5] +="))(sr.Log, **inputs)
 
 
 def test_constant_labels_at_both_ends_of_a_cycle():

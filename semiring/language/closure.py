@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from ..semirings import CountSemiring, Log, LogSemiring, MaxSemiring, RealSemiring, Semiring
-from .levels import _phases
+from .levels import components
 from .syntax import Affine, Const, Index, ProgramError, Rule, Syntax, Term
 
 OPEN = "'"  # X' is X before its closure (a name no program can write)
@@ -82,7 +82,8 @@ class System:
     def error(self, message: str) -> ProgramError:
         """An error about the whole system, blamed on its first rule, naming the others."""
         rest = sorted({s.rule.line for s in self.steps[1:]} - {self.steps[0].rule.line})
-        more = f" with the rule{'s' if len(rest) > 1 else ''} of line{'s' if len(rest) > 1 else ''} {', '.join(map(str, rest))}" if rest else ""
+        s = "s" if len(rest) > 1 else ""
+        more = f" with the rule{s} of line{s} {', '.join(map(str, rest))}" if rest else ""
         return self.steps[0].error(message, more)
 
     def weights(self) -> list[str]:
@@ -155,7 +156,8 @@ def _step(rule: Rule, read: Term, position: int, syntax: Syntax) -> Step | str:
         else:
             others.append((ix, d))
     if len(axes) != len(labels):
-        return f"Its weights must be indexed by its label variable{'s' if len(labels) > 1 else ''} {' and '.join(map(repr, labels))}. "
+        s = "s" if len(labels) > 1 else ""
+        return f"Its weights must be indexed by its label variable{s} {' and '.join(map(repr, labels))}. "
     return Step(rule, read, weights, row, col, tuple(group), (axes.get(row), axes.get(col)), tuple(others))
 
 
@@ -180,7 +182,7 @@ def find(rules: list[Rule], syntax: Syntax) -> tuple[list[Rule], Syntax, list[Sy
     """The rules with every system rewritten (see the module), the syntax with the open charts and
     derived inputs added, and the systems."""
     links = {i: link for i, r in enumerate(rules) if (link := _link(r, syntax))}
-    component = _phases(list(syntax.charts), [(rules[i].head.name, read.name) for i, (read, _) in links.items()])
+    component = components(list(syntax.charts), [(rules[i].head.name, read.name) for i, (read, _) in links.items()])
     cycles: dict[int, list[int]] = {}
     for i, (read, _) in links.items():
         if component[rules[i].head.name] == component[read.name]:
@@ -337,7 +339,8 @@ def _sizes(system: System, shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str
     for step in system.steps:
         for chart, label in ((step.head, step.row), (step.read.name, step.col)):
             if isinstance(label, int) and chart in said and label >= labels[chart]:
-                raise step.error(f"Its constant label (entry {label}) of '{chart}' is beyond the {labels[chart]} labels its weights give")
+                raise step.error(f"Its constant label (entry {label}) of '{chart}' is beyond the {labels[chart]} labels "
+                                 "its weights give")
             if isinstance(label, int) and chart not in said:
                 labels[chart] = max(labels.get(chart, 0), label + 1)
     return labels, tuple(said[ix][0] for ix in system.others)

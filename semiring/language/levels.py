@@ -86,7 +86,7 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
         for t in r.terms:
             if t.name in labels:
                 edges.append((r.head.name, t.name, r.head.indices, t.indices, cons))
-    phases = _phases(charts, [(e[0], e[1]) for e in edges])
+    phases = components(charts, [(e[0], e[1]) for e in edges])
     edges = [e for e in edges if phases[e[0]] == phases[e[1]]]  # a read of an earlier phase is always done
     order = {c: i for i, c in enumerate(charts)}
     by_late: dict[str, list] = {c: [] for c in charts}  # edges by the later of their two charts
@@ -174,7 +174,7 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
     return Levels(dict(chosen), _strata(charts, same), phases)
 
 
-def _phases(charts: list[str], reads: list[tuple[str, str]]) -> dict[str, int]:
+def components(charts: list[str], reads: list[tuple[str, str]]) -> dict[str, int]:
     """Per chart, the number of its strongly connected component of the read graph (edges: a
     rule's head chart reads a chart), numbered so that a chart reads only its own and lower ones:
     Tarjan's algorithm (iterative: a chain of thousands of charts is a path that deep), which
