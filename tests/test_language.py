@@ -150,6 +150,20 @@ def test_chain_wavefront_is_one_level_per_position():
     assert [b - a for a, b in zip(levels, levels[1:])] == [1, 1, 1, 1]
 
 
+
+def test_a_chart_of_another_phase_does_not_starve_the_search_for_levels():
+    """``Y`` reads no chart, a phase of its own; levels are searched per phase, so its candidates no
+    longer multiply those tried for CKY's charts (they did, past the search's budget, where ``Y``
+    comes before CKY's sub-sum chart)."""
+    cky = sr.program("""
+        X[s, s, a]  = word[s, a] * Y[s, s, a]
+        Y[s, s, a]  = tag[s, a]
+        X[s, t, a] += X[s, u, b] * X[u+1, t, c] * rule[a, b, c]    for u in s..t-1
+        goal        = X[0, n-1, 0]
+    """)
+    word, tag, rule = torch.zeros(1, 3, 2), torch.zeros(1, 3, 2), torch.zeros(1, 2, 2, 2)
+    assert cky(sr.Count, word=word, tag=tag, rule=rule).item() == 2 * 2 ** 4  # 2 trees of 3 words, the root's label 0
+
 # ---------------------------------------------------------------- programs the library does not ship
 
 

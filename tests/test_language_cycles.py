@@ -1,10 +1,12 @@
-"""Cycles inside a level are closures: a CFG with unary rules inside spans and an automaton with
-epsilon moves, checked against derivations enumerated one by one and against closures written
-out here with an explicit matrix inverse (docs/language.md, "Cycles")."""
+"""Cycles inside a level are closures: a CFG with unary rules inside spans, an automaton with
+epsilon moves, and systems of several rules, several charts and constant labels, checked against
+derivations enumerated one by one and against closures written out here with an explicit matrix
+inverse or Floyd-Warshall (docs/language.md, "Cycles")."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import io
 import math
@@ -51,20 +53,68 @@ def grammar(B=2, N=3, NT=3, unary_shift=-2.5, seed=0):
 # ---------------------------------------------------------------- oracles written out here
 
 
-def inside_by_inverse(word, rule, unary, n):
-    """One example's log Z: CKY in probability space, every span's labels closed under the unary
-    rules by the explicit inverse (I - exp(unary))^-1 (differentiable: a gradient oracle too)."""
-    NT = word.shape[-1]
-    star = torch.linalg.inv(torch.eye(NT, dtype=word.dtype) - unary.exp())
-    chart = {}
-    for s in range(n):
-        chart[s, s] = star @ word[s].exp()
+class RealOps:
+    """The oracles' arithmetic on real weights (probabilities, counts): closures by explicit inverses."""
+
+    zero = 0.0
+
+    @staticmethod
+    def star(m):
+        return torch.linalg.inv(torch.eye(m.shape[-1], dtype=m.dtype) - m)
+
+    @staticmethod
+    def apply(m, x):
+        return m @ x
+
+    @staticmethod
+    def binary(rule, left, right):
+        return torch.einsum("abc,b,c->a", rule, left, right)
+
+    plus = staticmethod(torch.add)
+
+
+class MaxOps:
+    """The oracles' arithmetic in max-plus: closures by Floyd-Warshall."""
+
+    zero = -math.inf
+
+    @staticmethod
+    def star(m):
+        d = m.clone()
+        for k in range(d.shape[-1]):
+            d = torch.maximum(d, d[:, k:k + 1] + d[k:k + 1, :])
+        return torch.maximum(d, torch.full_like(d, -math.inf).fill_diagonal_(0.0))
+
+    @staticmethod
+    def apply(m, x):
+        return (m + x).amax(-1)
+
+    @staticmethod
+    def binary(rule, left, right):
+        return (rule + left[:, None] + right[None, :]).amax((-2, -1))
+
+    plus = staticmethod(torch.maximum)
+
+
+def cky_closed(base, rule, m, n, ops=RealOps):
+    """One example's goal, label 0 of the first chart over words 0..n-1: CKY whose binary rules
+    ``rule [NT, NT, NT]`` build the first NT labels, every span's labels of all charts (``base
+    [N, L]`` at single words) closed under the block matrix ``m [L, L]`` by ``ops.star``."""
+    NT, star = rule.shape[0], ops.star(m)
+    chart = {(s, s): ops.apply(star, base[s]) for s in range(n)}
     for width in range(1, n):
         for s in range(n - width):
             t = s + width
-            x0 = sum(torch.einsum("abc,b,c->a", rule.exp(), chart[s, u], chart[u + 1, t]) for u in range(s, t))
-            chart[s, t] = star @ x0
-    return chart[0, n - 1][0].log()
+            x0 = functools.reduce(ops.plus, (ops.binary(rule, chart[s, u][:NT], chart[u + 1, t][:NT]) for u in range(s, t)))
+            z0 = torch.cat([x0, torch.full((m.shape[-1] - NT,), ops.zero, dtype=x0.dtype)])
+            chart[s, t] = ops.apply(star, z0)
+    return chart[0, n - 1][0]
+
+
+def inside_by_inverse(word, rule, unary, n):
+    """One example's log Z: CKY in probability space, every span's labels closed under the unary
+    rules by the explicit inverse (I - exp(unary))^-1 (differentiable: a gradient oracle too)."""
+    return cky_closed(word.exp(), rule.exp(), unary.exp(), n).log()
 
 
 CHAIN = 3  # unary steps per span in the enumeration
@@ -302,15 +352,9 @@ def automaton_best_by_floyd_warshall(init, step, eps, final, n):
     def times(v, m):
         return (v.unsqueeze(-1) + m).amax(-2)
 
-    def closed(e):
-        d = e.clone()
-        for k in range(d.shape[-1]):
-            d = torch.maximum(d, d[:, k:k + 1] + d[k:k + 1, :])
-        return torch.maximum(d, torch.full_like(d, -math.inf).fill_diagonal_(0.0))
-
-    v = times(init, closed(eps[0]))
+    v = times(init, MaxOps.star(eps[0]))
     for i in range(1, n + 1):
-        v = times(times(v, step[i - 1]), closed(eps[i]))
+        v = times(times(v, step[i - 1]), MaxOps.star(eps[i]))
     return (v + final).max()
 
 
@@ -335,6 +379,204 @@ def test_epsilon_moves_equal_the_explicit_closure():
         prog(sr.Log, lengths=lengths, init=init, step=step, eps=eps, final=final)
 
 
+# ---------------------------------------------------------------- systems: several rules, several charts, constant labels
+
+TWO_UNARY = UNARY_CFG.replace("X[s, t, a] += X[s, t, b] * unary[a, b]",
+                              "X[s, t, a] += X[s, t, b] * u1[a, b]\n    X[s, t, a] += X[s, t, b] * u2[a, b]")
+
+TWO_CHARTS = """
+    X[s, s, a]  = word[s, a]
+    Y[s, s, a]  = tag[s, a]
+    X[s, t, a] += X[s, u, b] * X[u+1, t, c] * rule[a, b, c]    for u in s..t-1
+    X[s, t, a] += Y[s, t, b] * up[a, b]
+    Y[s, t, a] += X[s, t, b] * down[a, b]
+    goal        = X[0, n-1, 0]
+"""
+
+ROOT_CFG = """
+    X[s, s, a]  = word[s, a]
+    X[s, t, a] += X[s, u, b] * X[u+1, t, c] * rule[a, b, c]    for u in s..t-1
+    X[s, t, 0] += X[s, t, b] * close[b]                        # any label closes into the root, 0
+    X[s, t, a] += X[s, t, 0] * open[a]                         # which opens into any label
+    goal        = X[0, n-1, 0]
+"""
+
+TWO_LABELS = """
+    C[i, R]  = x[i, R]
+    C[i, L]  = x[i, L]
+    C[i, R] += C[i, L] * w[i]
+    C[i, L] += C[i, R] * v[i]
+    goal     = C[n-1, R]
+"""
+
+# per semiring: the oracle's arithmetic, its weights from log-potentials, the program's value from the oracle's
+SEMIRINGS = {
+    "Log": (sr.Log, RealOps, torch.exp, torch.log),
+    "Real": (sr.Real, RealOps, torch.exp, lambda x: x),
+    "Max": (sr.Max, MaxOps, lambda x: x, lambda x: x),
+    "Count": (sr.Count, RealOps, lambda x: torch.isfinite(x).double(), lambda x: x),
+}
+
+
+def random(*shape, shift=0.0, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) + shift
+
+
+def agrees(prog, oracle, inputs, lengths, names=SEMIRINGS):
+    """The program equals ``oracle(weights of one example, n, ops)`` in each semiring of ``names``."""
+    for name in names:
+        semiring, ops, weights, value = SEMIRINGS[name]
+        got = prog(semiring, lengths=torch.tensor(lengths), **inputs)
+        want = torch.stack([value(oracle({k: weights(x[b % x.shape[0]]) for k, x in inputs.items()}, n, ops))
+                            for b, n in enumerate(lengths)])
+        torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-12, atol=1e-12, msg=name)
+
+
+def two_unary_oracle(x, n, ops):
+    return cky_closed(x["word"], x["rule"], ops.plus(x["u1"], x["u2"]), n, ops)
+
+
+def two_charts_oracle(x, n, ops):
+    NT, K = x["up"].shape
+    m = torch.full((NT + K, NT + K), ops.zero, dtype=torch.float64)
+    m[:NT, NT:], m[NT:, :NT] = x["up"], x["down"]  # X from Y, Y from X
+    return cky_closed(torch.cat([x["word"], x["tag"]], -1), x["rule"], m, n, ops)
+
+
+def root_oracle(x, n, ops):
+    NT = x["word"].shape[-1]
+    first = torch.full((NT, NT), ops.zero, dtype=torch.float64)
+    column = first.clone()
+    first[0], column[:, 0] = x["close"], x["open"]
+    return cky_closed(x["word"], x["rule"], ops.plus(first, column), n, ops)
+
+
+def two_labels_oracle(x, n, ops):
+    z = torch.tensor(ops.zero, dtype=torch.float64)
+    m = torch.stack([torch.stack([z, x["w"][n - 1]]), torch.stack([x["v"][n - 1], z])])
+    return ops.apply(ops.star(m), x["x"][n - 1])[0]
+
+
+def test_two_cycle_rules_on_one_chart_are_one_closure():
+    prog = sr.program(TWO_UNARY)
+    assert [str(r) for r in prog.rules if r.head.name == "X"] == [
+        "X[s, t, a] += X'[s, t, a]", "X[s, t, a] += X'[s, t, b] * X+X[a, b]"]
+    word, rule, _ = grammar(B=2, N=3, NT=3)
+    u1, u2 = random(2, 3, 3, shift=-3, seed=1), random(1, 3, 3, shift=-3, seed=2)
+    agrees(prog, two_unary_oracle, dict(word=word, rule=rule, u1=u1, u2=u2), [3, 2], ["Log", "Real", "Max"])
+    u1, u2 = torch.full_like(u1, -math.inf), torch.full_like(u2, -math.inf)
+    u1[:, 0, 1] = u2[:, 0, 1] = u2[:, 1, 2] = 0.0  # 2 -> 1 -> 0, two ways from 1 to 0: no cycle
+    agrees(prog, two_unary_oracle, dict(word=word, rule=rule, u1=u1, u2=u2), [3, 2], ["Count"])
+
+
+def test_two_charts_that_derive_each_other_are_one_block_closure():
+    prog = sr.program(TWO_CHARTS)
+    assert [str(r) for r in prog.rules if r.head.name in ("X", "Y")] == [
+        "X[s, t, a] += X'[s, t, a]", "X[s, t, a] += X'[s, t, b] * X+X[a, b]", "X[s, t, a] += Y'[s, t, b] * X+Y[a, b]",
+        "Y[s, t, a] += Y'[s, t, a]", "Y[s, t, a] += X'[s, t, b] * Y+X[a, b]", "Y[s, t, a] += Y'[s, t, b] * Y+Y[a, b]"]
+    word, rule, _ = grammar(B=2, N=3, NT=3)
+    inputs = dict(word=word, rule=rule, tag=random(2, 3, 2, seed=1), up=random(2, 3, 2, shift=-2, seed=2),
+                  down=random(1, 2, 3, shift=-2, seed=3))
+    agrees(prog, two_charts_oracle, inputs, [3, 1], ["Log", "Real", "Max"])
+    inputs["down"] = torch.full_like(inputs["down"], -math.inf)  # Y from X never: no cycle
+    agrees(prog, two_charts_oracle, inputs, [3, 1], ["Count"])
+
+
+def test_a_read_of_the_same_label_of_another_chart_is_a_diagonal_block():
+    prog = sr.program(TWO_CHARTS.replace("Y[s, t, a] += X[s, t, b] * down[a, b]", "Y[s, t, a] += X[s, t, a] * down[a]"))
+    word, rule, _ = grammar(B=2, N=3, NT=3)
+    inputs = dict(word=word, rule=rule, tag=random(2, 3, 3, seed=1), up=random(2, 3, 3, shift=-2, seed=2),
+                  down=random(2, 3, shift=-2, seed=3))
+
+    def oracle(x, n, ops):
+        diagonal = torch.full((3, 3), ops.zero, dtype=torch.float64).diagonal_scatter(x["down"])
+        return two_charts_oracle({**x, "down": diagonal}, n, ops)
+
+    agrees(prog, oracle, inputs, [3, 2], ["Log", "Real", "Max"])
+
+
+def test_two_charts_marginals_decodes_and_gradcheck():
+    """Log: marginals, the gradient of the explicit inverse; Max: the best derivation's parts, the
+    gradient of Floyd-Warshall's best path."""
+    prog = sr.program(TWO_CHARTS)
+    word, rule, _ = grammar(B=2, N=3, NT=3)
+    up, down = random(2, 3, 2, shift=-3, seed=2), random(2, 2, 3, shift=-3, seed=3)
+    up[:, 0, 1], down[:, 1, 2] = 0.0, 0.5  # X 2 -> Y 1 -> X 0 gains: the best derivations go from X to Y and back
+    xs = [x.requires_grad_() for x in (word, rule, random(2, 3, 2, seed=1), up, down)]
+    names = ["word", "rule", "tag", "up", "down"]
+    for semiring, ops, weights, value in (SEMIRINGS["Log"], SEMIRINGS["Max"]):
+        got = torch.autograd.grad(prog(semiring, **dict(zip(names, xs))).sum(), xs)
+        want = torch.autograd.grad(sum(value(two_charts_oracle({k: weights(x[b]) for k, x in zip(names, xs)}, 3, ops))
+                                       for b in range(2)), xs)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+    assert got[3].sum() > 0 and got[4].sum() > 0
+    small = [(x[:1, :2, :2, :2] if x.dim() == 4 else x[:1, :2, :2]).detach().clone().requires_grad_() for x in xs]
+    assert torch.autograd.gradcheck(lambda *ys: prog(sr.Log, **dict(zip(names, ys))), small)
+
+
+def test_a_constant_label_in_a_cycle():
+    prog = sr.program(ROOT_CFG)
+    word, rule, _ = grammar(B=2, N=3, NT=3)
+    inputs = dict(word=word, rule=rule, close=random(2, 3, shift=-2, seed=1), open=random(2, 3, shift=-2, seed=2))
+    agrees(prog, root_oracle, inputs, [3, 2], ["Log", "Real", "Max"])
+    inputs["open"] = torch.full_like(inputs["open"], -math.inf)
+    inputs["close"][:, 0] = -math.inf  # into the root from the other labels only: no cycle
+    agrees(prog, root_oracle, inputs, [3, 2], ["Count"])
+    with pytest.raises(ValueError, match=r"line 4, .*Its constant label \(entry 5\) of 'X' is beyond the 3 labels its weights give"):
+        sr.program(ROOT_CFG.replace("X[s, t, 0] +=", "X[s, t, 5] +="))(sr.Log, **inputs)
+
+
+def test_constant_labels_at_both_ends_of_a_cycle():
+    prog = sr.program(TWO_LABELS)
+    assert [str(r) for r in prog.rules if r.head.name == "C"][-1] == "C[i, a] += C'[i, b] * C+C[i, a, b]"
+    inputs = dict(x=random(3, 4, 2, seed=1), w=random(3, 4, shift=-1, seed=2), v=random(1, 4, shift=-1, seed=3))
+    agrees(prog, two_labels_oracle, inputs, [4, 1, 2], ["Log", "Real", "Max"])
+    inputs["v"] = torch.full_like(inputs["v"], -math.inf)
+    agrees(prog, two_labels_oracle, inputs, [4, 1, 2], ["Count"])
+    inputs["v"][0, 1] = 0.0
+    with pytest.raises(ValueError, match=r"line 4, column 16: C\[i, R\] reads C\[i, L\] at the same level: a cycle with "
+                                         r"the rule of line 5; see Cycles\. The labels (0 -> 1 -> 0|1 -> 0 -> 1) form a "
+                                         r"cycle of finite weights, .* \(example 0 at the other indices \(1,\) of the weights\)"):
+        prog(sr.Count, lengths=torch.tensor([4, 1, 2]), **inputs)
+
+
+def test_a_system_that_diverges_or_has_a_positive_cycle_is_refused_naming_its_rules():
+    prog = sr.program(TWO_CHARTS)
+    word, rule, _ = grammar(B=1, N=2, NT=3)
+    inputs = dict(word=word, rule=rule, tag=random(1, 2, 2, seed=1), up=torch.zeros(1, 3, 2, dtype=torch.float64),
+                  down=torch.zeros(1, 2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"line 5, column 19: X\[s, t, a\] reads Y\[s, t, b\] at the same level: a cycle "
+                                         r"with the rule of line 6; see Cycles\. The sum over derivations of any length "
+                                         r"diverges: the spectral radius of the block matrix of exp\(up\), exp\(down\) over "
+                                         r"the labels of 'X', 'Y' is"):
+        prog(sr.Log, **inputs)
+    inputs["up"], inputs["down"] = torch.full_like(inputs["up"], -math.inf), torch.full_like(inputs["down"], -math.inf)
+    inputs["up"][0, 1, 0], inputs["down"][0, 0, 1] = 1.0, -0.5
+    with pytest.raises(ValueError, match=r"The labels (X 1 -> Y 0 -> X 1|Y 0 -> X 1 -> Y 0) form a cycle whose weights sum "
+                                         r"to more than 0 in Max"):
+        prog(sr.Max, **inputs)
+
+
+@pytest.mark.parametrize("text, where, phrase", [
+    (TWO_CHARTS.replace("X[s, t, b] * down[a, b]", "X[s, t, b] * down[a, b] * span[s, t]"), "line 6, column 19",
+     r"Y\[s, t, a\] reads X\[s, t, b\] at the same level: a cycle; see Cycles\. Its weights must be one input, not "
+     r"down\[a, b\] \* span\[s, t\]"),
+    (TWO_UNARY.replace("u2[a, b]", "u2[s, a, b]"), "line 4, column 19",
+     r"a cycle with the rule of line 5; see Cycles\. The weights of a cycle's rules must have the same indices besides "
+     r"the labels: 'u1\[a, b\]', 'u2\[s, a, b\]'"),
+    (UNARY_CFG.replace("unary[a, b]", "unary[a, b, c]"), "line 4, column 19",
+     r"Its weights 'unary\[a, b, c\]' may be indexed, besides the labels, only by the head's variables"),
+    (UNARY_CFG.replace("X[s, t, a] += X[s, t, b]", "X[s, s+1, a] += X[s, s+1, b]"), "line 4, column 21",
+     r"Its head's indices other than the label \(index 3\) must be distinct variables"),
+    (TWO_CHARTS.replace("Y[s, t, b] * up[a, b]", "Y[s, b, a] * up[t, b]"), "line 5",
+     r"make a cycle that changes indices 2 and 3: a closure changes one index, the label"),
+])
+def test_a_system_the_compiler_does_not_solve_names_its_rules(text, where, phrase):
+    with pytest.raises(sr.ProgramError, match=rf"{where}(.|\n)*{phrase}"):
+        sr.program(text)
+
+
 # ---------------------------------------------------------------- the docs
 
 
@@ -343,7 +585,7 @@ def test_the_docs_cycles_section_runs():
     text = (Path(__file__).resolve().parents[1] / "docs" / "language.md").read_text()
     section = text.split("\n## Cycles\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     out = io.StringIO()
     scope: dict = {}
     with contextlib.redirect_stdout(out):
@@ -351,6 +593,7 @@ def test_the_docs_cycles_section_runs():
             exec(block, scope)
     printed = out.getvalue().splitlines()
     assert printed[:4] == ["X[s, t, a] += X'[s, t, a]", "X[s, t, a] += X'[s, t, b] * unary+[a, b]", "goal[n] += X[0, n-1, 0]", "True"]
+    assert printed[-1] == "True"
 
 
 @pytest.mark.triton

@@ -86,7 +86,7 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
         for t in r.terms:
             if t.name in labels:
                 edges.append((r.head.name, t.name, r.head.indices, t.indices, cons))
-    phases = _phases(charts, [(e[0], e[1]) for e in edges])
+    phases = components(charts, [(e[0], e[1]) for e in edges])
     edges = [e for e in edges if phases[e[0]] == phases[e[1]]]  # a read of an earlier phase is always done
     order = {c: i for i, c in enumerate(charts)}
     by_late: dict[str, list] = {c: [] for c in charts}  # edges by the later of their two charts
@@ -122,10 +122,10 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
                 return None
         return sames
 
-    def search(i: int) -> bool:
-        if i == len(charts):
-            return _strata(charts, same) is not None
-        chart = charts[i]
+    def search(group: list[str], i: int) -> bool:
+        if i == len(group):
+            return _strata(group, same) is not None
+        chart = group[i]
         for c in _candidates(chart, rank[chart], labels[chart]):
             tries[0] += 1
             if tries[0] > MAX_TRIES:
@@ -136,16 +136,16 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
                 continue
             for head, read in sames:
                 same[head].add(read)
-            if search(i + 1):
+            if search(group, i + 1):
                 return True
             for head, read in sames:
                 same[head].discard(read)
         del chosen[chart]
         return False
 
-    def greedy() -> bool:
+    def greedy(group: list[str]) -> bool:
         """The first fitting candidate of every chart in turn, never going back (long programs)."""
-        for chart in charts:
+        for chart in group:
             for c in _candidates(chart, rank[chart], labels[chart]):
                 chosen[chart] = c
                 sames = fits(chart)
@@ -155,18 +155,26 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
                     break
             else:
                 return False
-        return _strata(charts, same) is not None
+        return _strata(group, same) is not None
 
-    if not greedy():
-        chosen.clear()
-        for c in charts:
+    # Phases read each other's finished levels only, so each is searched alone: one chart of an
+    # unrelated phase no longer multiplies the tries of another's search.
+    groups: dict[int, list[str]] = {}
+    for c in charts:
+        groups.setdefault(phases[c], []).append(c)
+    for group in groups.values():
+        if greedy(group):
+            continue
+        for c in group:
+            chosen.pop(c, None)
             same[c] = set()
-        if len(charts) > MAX_SEARCHED or not search(0):
+        tries[0] = 0
+        if len(group) > MAX_SEARCHED or not search(group, 0):
             return None
     return Levels(dict(chosen), _strata(charts, same), phases)
 
 
-def _phases(charts: list[str], reads: list[tuple[str, str]]) -> dict[str, int]:
+def components(charts: list[str], reads: list[tuple[str, str]]) -> dict[str, int]:
     """Per chart, the number of its strongly connected component of the read graph (edges: a
     rule's head chart reads a chart), numbered so that a chart reads only its own and lower ones:
     Tarjan's algorithm (iterative: a chain of thousands of charts is a path that deep), which

@@ -76,9 +76,9 @@ class Program:
         for k in range(1, len(self.rules) + 1):
             if find_levels(self.rules[:k], self.syntax) is None:
                 rule = self.rules[k - 1]
-                read = closure.same_level_read(rule)
+                read = closure.same_level_read(rule, self.syntax)
                 if read is not None:
-                    return closure.unsolved(rule, read)
+                    return closure.unsolved(rule, *read, self.syntax)
                 unranged = [v for v in summed_variables(rule) if v not in {r.var for r in rule.ranges}]
                 charts = {r.head.name for r in self.rules}
                 loose = [v for v in unranged if any(v in t.variables for t in rule.terms if t.name in charts)]
