@@ -10,6 +10,7 @@ import torch
 from torch.testing import assert_close
 
 import semiring as sr
+from semiring import cpu_scan
 
 SL = sr.SignedLog
 
@@ -235,7 +236,15 @@ SCAN_CASES = {
 @pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
 @pytest.mark.parametrize("case", SCAN_CASES, ids=str)
 @pytest.mark.parametrize("forbid", [0.0, 0.4])
-def test_fused_scans_equal_the_loop_of_dots_with_their_gradients(semiring, case, forbid):
+@pytest.mark.parametrize("native", [True, False], ids=["C scan", "torch calls"])
+def test_fused_scans_equal_the_loop_of_dots_with_their_gradients(semiring, case, forbid, native):
+    if native and not cpu_scan.enabled:
+        pytest.skip("the C scan was not built")
+    with cpu_scan.enabled.to(native):
+        check_fused_scan(semiring, case, forbid)
+
+
+def check_fused_scan(semiring, case, forbid):
     g = torch.Generator().manual_seed(17)
     xs_shape, unary_shape = SCAN_CASES[case]
 
