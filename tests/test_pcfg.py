@@ -261,3 +261,27 @@ def test_bad_lengths_and_factors_are_value_errors():
     U, V, W = factors(2, 2, 3, 4)
     with pytest.raises(ValueError, match=r"W: expected shape \[B, NT\+T, R\] = \[2 or 1, 5, 4\]"):
         TDPCFG(terms, U, V, W[:, :, :3], roots)
+
+
+@pytest.mark.parametrize("cls", ["PCFG", "TDPCFG"])
+def test_chart_scores_add_to_the_parts_and_minus_inf_forbids_a_bracket(cls):
+    """``chart`` adds to the potentials: its -inf at [0, 1, a] for every nonterminal a leaves exactly
+    the trees without a bracket over words 0..1, and a score at a tag adds to that tag's ``terms``."""
+    B, N, NT, T, R = 1, 3, 2, 2, 2
+    terms, rules, roots = grammar(B, N, NT, T, forbid=False)
+    U, V, W = factors(B, NT, T, R, seed=3)
+    chart = torch.zeros(B, N, N, max(NT, T, R) if cls == "TDPCFG" else max(NT, T), dtype=torch.float64)
+    chart[0, 0, 1, :NT] = float("-inf")
+    chart[0, 2, 2, 1] = 0.75
+    build = (lambda **k: PCFG(terms, rules, roots, **k)) if cls == "PCFG" else (lambda **k: TDPCFG(terms, U, V, W, roots, **k))
+    d, plain = build(chart=chart), build()
+    if cls == "PCFG":
+        e = Trees(plain, 0, terms, roots, lambda a, x, y: rules[0, a, x, y])
+    else:
+        e = Trees(plain, 0, terms, roots, lambda a, x, y, r: U[0, a, r] + V[0, x, r] + W[0, y, r], ranks=R)
+    kept = e.charts[:, 0, 1, :NT].sum(-1) == 0
+    scores = e.scores[kept] + 0.75 * e.charts[kept, 2, 2, 1]
+    assert_close(d.log_partition[0], torch.logsumexp(scores, 0))
+    assert (d.marginals[0, 0, 1, :NT] == 0).all()
+    with pytest.raises(ValueError, match=r"chart: expected shape \[B, N, N, K\] = \[1, 3, 3, "):
+        build(chart=chart[..., :1])
