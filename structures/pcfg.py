@@ -69,8 +69,8 @@ _TDPCFG = LazyProgram("""
 """)
 
 
-_ONE_WORD = ("(a sentence of one word has no tree: the root is a nonterminal, which has two children, "
-             "and the root scores score nonterminals only)")
+_ONE_WORD = ("(a one-word sentence has no tree: the root is a nonterminal, which has two children, and "
+             "roots score nonterminals only; drop such sentences or score them apart)")
 
 
 def _check_sizes(name: str, x: Tensor, spec: str, sizes: tuple[int, ...], batch: int) -> None:
