@@ -71,10 +71,6 @@ def per_case_but(*excluded: Family):
     return pytest.mark.parametrize("case", [c for c in CASES if c.family not in excluded], ids=str)
 
 
-def per_family_but(*excluded: Family):
-    return pytest.mark.parametrize("family", [f for f in FAMILIES if f not in excluded], ids=str)
-
-
 # ---------------------------------------------------------------- every query equals enumeration
 
 
@@ -393,7 +389,7 @@ def test_bad_potentials_raise_value_error_naming_argument_and_shape(family, what
         assert f"[{spec}]" in str(error.value)
 
 
-@per_family_but(CTC_FAMILY)  # its lengths are input_lengths and target_lengths: the adapter derives one (test_ctc.py)
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
 @pytest.mark.parametrize("what", ["zero", "too long", "negative", "batch size", "rank 2", "float", "bool"])
 def test_bad_lengths_raise_value_error_naming_lengths(family, what):
     shape = largest(family)
