@@ -37,7 +37,7 @@ from torch import Tensor
 import semiring
 
 from .distribution import LazyProgram, StructuredDistribution
-from .validation import check_shape
+from .validation import Lengths, check_shape
 
 # The chart's label dimension is K = max(NT, T, R), not NT or T: the rules read it through the charts
 # P (preterminals), C (nonterminals) and H (ranks), so that its size need not match the rules'.
@@ -110,7 +110,7 @@ class Grammar(StructuredDistribution):
             raise ValueError(f"terms: expected N >= 2 words, got shape {list(terms.shape)} {_ONE_WORD}")
         super().__init__(_chart(terms, K, chart), lengths, shared, mask=mask)
 
-    def _check_lengths(self, lengths: Tensor | None) -> Tensor | None:
+    def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
         """The program's check of ``lengths`` (``2..N``), its message saying why where a length is 1."""
         try:
             return super()._check_lengths(lengths)
