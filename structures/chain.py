@@ -9,7 +9,7 @@ import semiring
 
 from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import blame_mask, check_lengths, check_shape, check_tags, lengths_of_mask, prefix_mask
+from .validation import check_shape, check_tags, given_lengths, lengths_checked, prefix_mask
 
 
 class LinearChainCRF(StructuredDistribution):
@@ -71,10 +71,7 @@ class LinearChainCRF(StructuredDistribution):
                 check_shape(name, v, "C")
                 if v.shape[0] != C:
                     raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
-        try:
-            lengths = check_lengths(lengths_of_mask(lengths, mask, B, N), B, 1, N, emissions.device)
-        except ValueError as error:
-            raise (error if mask is None else blame_mask(error)) from None
+        lengths = given_lengths(lengths, mask, B, 1, N, emissions.device)
         # start and end only touch the "to" tag of one position each: fold them into the emissions
         # ([B, N, C]) and build the edge potentials with a single broadcast add.
         em = emissions
@@ -89,7 +86,8 @@ class LinearChainCRF(StructuredDistribution):
         first[:, 0] = 0
         moves = torch.cat([first, transitions.unsqueeze(0).expand(N - 1, C, C)], 0)  # [N, C, C]
         edge = moves + em.unsqueeze(2)  # [B, N, C(from), C(to)]
-        crf = cls(edge, None if lengths is None else lengths + 1)
+        with lengths_checked():  # in 1..N above: the chain's lengths + 1 are in its 2..N+1
+            crf = cls(edge, None if lengths is None else lengths + 1)
         crf._emission_parts = (em, transitions)
         crf._bos = True
         return crf

@@ -11,7 +11,7 @@ from torch import Tensor
 import semiring
 
 from .distribution import StructuredDistribution
-from .validation import blame_mask, check_integers, check_shape, lengths_of_mask, prefix_mask, validating
+from .validation import check_integers, check_shape, given_lengths, prefix_mask, validating
 
 
 class CTC(StructuredDistribution):
@@ -65,8 +65,8 @@ class CTC(StructuredDistribution):
         check_integers("targets", targets, (B, S), 0, V - 1)
         if not 0 <= blank < V:
             raise ValueError(f"blank: expected an index in 0..{V - 1}, got {blank}")
-        input_lengths = _from_mask(input_lengths, input_mask, B, T, "input", 1)
-        target_lengths = _from_mask(target_lengths, target_mask, B, S, "target", 0)
+        input_lengths = given_lengths(input_lengths, input_mask, B, 1, T, log_probs.device, ("input_lengths", "input_mask"))
+        target_lengths = given_lengths(target_lengths, target_mask, B, 0, S, targets.device, ("target_lengths", "target_mask"))
         inside = prefix_mask(torch.full((B,), S, device=targets.device) if target_lengths is None else target_lengths, S)
         if validating() and bool((inside & (targets == blank)).any()):
             raise ValueError(f"targets: the blank {blank} appears within a target length")
@@ -147,15 +147,3 @@ class CTC(StructuredDistribution):
         fits = (ext.gather(-1, s.clamp(0, ext.shape[-1] - 1)) == self.symbols(parts)) | (s < 0)
         used = (s.amax(-1) + 1) // 2 == self.target_lengths
         return framed.all(-1) & fits.all(-1) & used
-
-
-def _from_mask(lengths: Tensor | None, mask: Tensor | None, batch: int, size: int, which: str, lo: int) -> Tensor | None:
-    """``{which}_lengths`` as given, or as ``{which}_mask`` implies; checked in ``lo..size``."""
-    names = (f"{which}_lengths", f"{which}_mask")
-    try:
-        lengths = lengths_of_mask(lengths, mask, batch, size, names=names)
-        if lengths is not None:
-            check_integers(names[0], lengths, (batch,), lo, size)
-    except ValueError as error:
-        raise (error if mask is None else blame_mask(error, names)) from None
-    return lengths

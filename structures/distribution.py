@@ -21,7 +21,7 @@ from semiring import Program
 from semiring.language.program import no_examples
 
 from .base import Distribution, _eager, as_given, constant, leaf, recording
-from .validation import Lengths, check_integers, check_shape, check_tags, validating
+from .validation import Lengths, check_integers, check_shape, check_tags, reading_lengths, validating
 
 # the checks' former home: structures written against it import them from here
 __all__ = ["StructuredDistribution", "LazyProgram", "Lengths", "check_integers", "check_shape", "check_tags", "validating"]
@@ -101,7 +101,7 @@ class StructuredDistribution(Distribution):
             if len(lengths) != len(names):
                 raise ValueError(f"lengths: expected {len(names)} tensors [B] (for {names}), got {len(lengths)}")
             lengths = dict(zip(names, lengths))
-        return self.program.check_lengths(lengths, self._batch, self._shapes, values=validating())
+        return self.program.check_lengths(lengths, self._batch, self._shapes, values=reading_lengths())
 
     def _mask_sizes(self) -> int | dict[str, int]:
         if len(self.program.syntax.lengths) > 1:

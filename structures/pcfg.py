@@ -17,7 +17,9 @@ and torch-struct's ``from_parts`` spans: ``log_potentials [B, N, N, K]`` holds
   has no score per span;
 * (TD-PCFG) ``[b, j, i, r]``, ``i < j``: rank ``r`` at the node over ``i..j`` (``r < R``): 0;
 
-with ``K`` the largest of ``NT``, ``T`` (and ``R``); other entries are never used. The rules and the
+with ``K`` the largest of ``NT``, ``T`` (and ``R``); other entries are never used. The constructors'
+``chart [B, N, N, K]`` (optional) is added to these potentials: scores of labelled spans (or ranks),
+e.g. -inf at ``[b, i, j, a]`` to forbid nonterminal ``a`` over words ``i..j`` (known brackets). The rules and the
 root scores are *shared scores* (batch 1 or B: one grammar may serve the batch without copies): a
 tree's use of them follows from its chart (``shared_counts``), so scores, entropy and KL count them.
 Marginals are the posteriors of labelled spans and tags; the expected rule counts (torch-struct's
@@ -35,7 +37,7 @@ from torch import Tensor
 import semiring
 
 from .distribution import LazyProgram, StructuredDistribution
-from .validation import check_shape
+from .validation import Lengths, check_shape
 
 # The chart's label dimension is K = max(NT, T, R), not NT or T: the rules read it through the charts
 # P (preterminals), C (nonterminals) and H (ranks), so that its size need not match the rules'.
@@ -67,6 +69,10 @@ _TDPCFG = LazyProgram("""
 """)
 
 
+_ONE_WORD = ("(a one-word sentence has no tree: the root is a nonterminal, which has two children, and "
+             "roots score nonterminals only; drop such sentences or score them apart)")
+
+
 def _check_sizes(name: str, x: Tensor, spec: str, sizes: tuple[int, ...], batch: int) -> None:
     """``ValueError`` naming ``x`` unless its shape is ``[B or 1, *sizes]`` (after ``check_shape``)."""
     if tuple(x.shape[1:]) != sizes or x.shape[0] not in (1, batch):
@@ -74,21 +80,45 @@ def _check_sizes(name: str, x: Tensor, spec: str, sizes: tuple[int, ...], batch:
         raise ValueError(f"{name}: expected shape [{spec}] = [{batch} or 1, {expected}], got {list(x.shape)}")
 
 
-def _chart(terms: Tensor, K: int) -> Tensor:
-    """The potentials ``[B, N, N, K]``: ``terms [B, N, T]`` on the diagonal, 0 elsewhere."""
+def _chart(terms: Tensor, K: int, chart: Tensor | None) -> Tensor:
+    """The potentials ``[B, N, N, K]``: ``terms [B, N, T]`` on the diagonal, 0 elsewhere, plus ``chart``."""
     B, N, T = terms.shape
     theta = terms.new_zeros(B, N, N, K)
     theta.diagonal(0, 1, 2)[:, :T] = terms.transpose(1, 2)
-    return theta
+    if chart is None:
+        return theta
+    check_shape("chart", chart, "B, N, N, K")
+    if tuple(chart.shape) != (B, N, N, K):
+        raise ValueError(f"chart: expected shape [B, N, N, K] = [{B}, {N}, {N}, {K}], got {list(chart.shape)}")
+    return theta + chart
 
 
-class _Grammar(StructuredDistribution):
-    """What both grammars share: the chart of parts, its tree, decoding."""
+class Grammar(StructuredDistribution):
+    """The base of :class:`PCFG` and :class:`TDPCFG` (not built directly): a distribution over the
+    binary trees of sentences under a grammar with ``NT`` nonterminals and ``T`` preterminals, whose
+    parts are the labelled chart ``[B, N, N, K]`` of the module docstring and whose rules are the
+    subclass's shared scores. It gives both the trees' decoding into ``(start, end, symbol)`` spans
+    and the refusal of one-word sentences (which have no binary tree)."""
+
+    shape = "B, N, N, K"
+    potentials = "span"
 
     def __init__(self, terms: Tensor, NT: int, K: int, lengths: Tensor | None, shared: dict[str, Tensor],
-                 mask: Tensor | None = None):
+                 mask: Tensor | None = None, chart: Tensor | None = None):
         self.NT, self.T = NT, terms.shape[-1]
-        super().__init__(_chart(terms, K), lengths, shared, mask=mask)
+        if terms.shape[1] < 2:
+            raise ValueError(f"terms: expected N >= 2 words, got shape {list(terms.shape)} {_ONE_WORD}")
+        super().__init__(_chart(terms, K, chart), lengths, shared, mask=mask)
+
+    def _check_lengths(self, lengths: Lengths) -> Tensor | dict[str, Tensor] | None:
+        """The program's check of ``lengths`` (``2..N``), its message saying why where a length is 1."""
+        try:
+            return super()._check_lengths(lengths)
+        except ValueError as error:
+            integer = isinstance(lengths, Tensor) and not (lengths.dtype.is_floating_point or lengths.dtype == torch.bool)
+            if integer and bool((lengths == 1).any()):
+                raise ValueError(f"{error} {_ONE_WORD}") from None
+            raise
 
     def _tree(self, parts: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Of one-hot charts ``[..., B, N, N, K]``: the nonterminal nodes ``[..., N, N, NT]``
@@ -126,7 +156,7 @@ class _Grammar(StructuredDistribution):
         return [sorted(s, key=lambda span: (span[0], -span[1])) for s in out]
 
 
-class PCFG(_Grammar):
+class PCFG(Grammar):
     """A distribution over the binary parse trees of sentences of ``n`` words under a grammar with
     ``NT`` nonterminals and ``T`` preterminals (torch-struct ``SentCFG``'s conventions):
 
@@ -134,7 +164,9 @@ class PCFG(_Grammar):
     * ``rules [B or 1, NT, NT+T, NT+T]``: ``rules[b, a, x, y]`` scores ``a -> x y`` (children below
       ``NT`` are nonterminals, ``NT + p`` is preterminal ``p``);
     * ``roots [B or 1, NT]``: ``roots[b, a]`` scores ``a`` at the root;
-    * ``lengths [B]`` in ``2..N``, or ``mask [B, N]`` (bool, True at each sentence's words: a prefix).
+    * ``lengths [B]`` in ``2..N``, or ``mask [B, N]`` (bool, True at each sentence's words: a prefix);
+    * ``chart [B, N, N, max(NT, T)]`` (optional): scores added to the parts, e.g. -inf to forbid a
+      labelled span (the module docstring).
 
     The parts are the labelled chart ``[B, N, N, max(NT, T)]`` of the module docstring, so
     ``marginals`` are span and tag posteriors; ``decode()`` gives ``(start, end, symbol)`` spans.
@@ -144,11 +176,9 @@ class PCFG(_Grammar):
     """
 
     program = _PCFG
-    shape = "B, N, N, K"
-    potentials = "span"
 
     def __init__(self, terms: Tensor, rules: Tensor, roots: Tensor, lengths: Tensor | None = None, *,
-                 mask: Tensor | None = None):
+                 mask: Tensor | None = None, chart: Tensor | None = None):
         check_shape("terms", terms, "B, N, T")
         B, _, T = terms.shape
         check_shape("rules", rules, "B, NT, NT+T, NT+T")
@@ -160,7 +190,7 @@ class PCFG(_Grammar):
                   "tn": (slice(NT, None), slice(None, NT)), "tt": (slice(NT, None), slice(NT, None))}
         self._blocks = blocks
         shared = {name: rules[:, :, x, y] for name, (x, y) in blocks.items()}
-        super().__init__(terms, NT, max(NT, T), lengths, {**shared, "root": roots}, mask)
+        super().__init__(terms, NT, max(NT, T), lengths, {**shared, "root": roots}, mask, chart)
 
     def shared_counts(self, parts: Tensor) -> dict[str, Tensor]:
         """Rules used, as the four blocks of ``rules`` (``nn``, ``nt``, ``tn``, ``tt``: which children
@@ -180,12 +210,13 @@ class PCFG(_Grammar):
         return self._out(out)
 
 
-class TDPCFG(_Grammar):
+class TDPCFG(Grammar):
     """The PCFG whose rules are a rank-``R`` tensor decomposition (Yang, Zhao and Tu 2021):
     ``exp rules[a, b, c] = Σ_r exp(U[a, r] + V[b, r] + W[c, r])`` (``rules()``), so that the inside
     algorithm costs O(N^3 R + N^2 (NT+T) R), never forming the ``NT (NT+T)^2`` rules.
 
-    * ``terms [B, N, T]``, ``roots [B or 1, NT]``, ``lengths [B]`` in ``2..N``: as ``PCFG``;
+    * ``terms [B, N, T]``, ``roots [B or 1, NT]``, ``lengths [B]`` in ``2..N``, ``chart`` (optional,
+      ``[B, N, N, max(NT, T, R)]``, ranks included): as ``PCFG``;
     * ``U [B or 1, NT, R]`` (parents), ``V [B or 1, NT+T, R]`` (left children), ``W [B or 1, NT+T, R]``
       (right children), log-space, children numbered as ``PCFG``'s.
 
@@ -197,11 +228,9 @@ class TDPCFG(_Grammar):
     """
 
     program = _TDPCFG
-    shape = "B, N, N, K"
-    potentials = "span"
 
     def __init__(self, terms: Tensor, U: Tensor, V: Tensor, W: Tensor, roots: Tensor, lengths: Tensor | None = None,
-                 *, mask: Tensor | None = None):
+                 *, mask: Tensor | None = None, chart: Tensor | None = None):
         check_shape("terms", terms, "B, N, T")
         B, _, T = terms.shape
         specs = {"U": (U, "B, NT, R"), "V": (V, "B, NT+T, R"), "W": (W, "B, NT+T, R"), "roots": (roots, "B, NT")}
@@ -213,7 +242,7 @@ class TDPCFG(_Grammar):
         self.R = R
         self._factors = (U, V, W)
         shared = {"u": U, "vn": V[:, :NT], "vt": V[:, NT:], "wn": W[:, :NT], "wt": W[:, NT:], "root": roots}
-        super().__init__(terms, NT, max(NT, T, R), lengths, shared, mask)
+        super().__init__(terms, NT, max(NT, T, R), lengths, shared, mask, chart)
 
     def rules(self) -> Tensor:
         """``[B or 1, NT, NT+T, NT+T]``: the rule scores the factors define, ``logsumexp_r U + V + W``."""

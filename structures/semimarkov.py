@@ -11,7 +11,7 @@ import semiring
 
 from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import as_lengths, check_shape
+from .validation import check_shape, given_lengths, lengths_checked
 
 
 class SemiMarkovCRF(StructuredDistribution):
@@ -60,8 +60,11 @@ class SemiMarkovCRF(StructuredDistribution):
         first = log_potentials[:, 0, 1:].logsumexp(-1)  # [B, K-1, C]: from fencepost 0, any previous label
         at_first = (start == 0)[..., None, None] & (torch.arange(C, device=ours.device) == 0)[:, None]  # y = 0 reads it
         ours = torch.where(at_first, first[:, None, :, None, :], ours)
-        lengths = as_lengths(lengths)
-        return cls(ours, None if lengths is None else lengths - 1, mask=mask)
+        if mask is not None:  # (ours: the base reads it)
+            return cls(ours, lengths, mask=mask)
+        lengths = given_lengths(lengths, None, B, 2, N1 + 1, log_potentials.device)
+        with lengths_checked():  # fenceposts in 2..N: ours, lengths - 1, in 1..N-1
+            return cls(ours, None if lengths is None else lengths - 1)
 
     @classmethod
     @takes_validate_args

@@ -16,6 +16,7 @@ from torch import Tensor
 Lengths = Union[Tensor, Mapping[str, Tensor], Sequence[Tensor], None]
 
 _chosen: ContextVar[bool | None] = ContextVar("validate_args", default=None)
+_lengths_checked: ContextVar[bool] = ContextVar("lengths_checked", default=False)
 
 
 def validating() -> bool:
@@ -39,6 +40,24 @@ def validated(validate_args: bool | None) -> Iterator[None]:
         yield
     finally:
         _chosen.reset(token)
+
+
+def reading_lengths() -> bool:
+    """Whether a constructor reads its lengths' values: while :func:`validating`, outside
+    :func:`lengths_checked`."""
+    return validating() and not _lengths_checked.get()
+
+
+@contextmanager
+def lengths_checked() -> Iterator[None]:
+    """Within: constructors check their lengths' types and shapes but read no values, which the
+    caller has just checked in its own terms (:func:`given_lengths`) before building a structure on
+    lengths it derived from them (one more for a start symbol): one check, one device synchronisation."""
+    token = _lengths_checked.set(True)
+    try:
+        yield
+    finally:
+        _lengths_checked.reset(token)
 
 
 def check_shape(name: str, x: Tensor, spec: str, values: bool = True) -> None:
@@ -118,20 +137,33 @@ def as_lengths(lengths: object) -> object:
 
 
 def check_lengths(lengths: Tensor | Sequence[int] | None, batch: int, lo: int, hi: int,
-                  device: torch.device) -> Tensor | None:
+                  device: torch.device, name: str = "lengths") -> Tensor | None:
     """``lengths`` as a long tensor ``[B]`` on ``device`` (``None``: every example at its longest);
-    ``ValueError`` naming ``lengths`` unless they are integers of shape ``[batch]`` with values
-    (while :func:`validating`) in ``lo..hi``."""
+    ``ValueError`` naming them (``name``) unless they are integers of shape ``[batch]`` with values
+    (while :func:`reading_lengths`) in ``lo..hi``."""
     if lengths is None:
         return None
     if not isinstance(lengths, Tensor):
         lengths = torch.as_tensor(lengths)
     if (lengths.dim() != 1 or lengths.shape[0] != batch or lengths.dtype.is_floating_point
             or lengths.dtype == torch.bool or lengths.is_complex()):
-        raise ValueError(f"lengths: expected an integer tensor of shape [B] = [{batch}], got {lengths.dtype} {tuple(lengths.shape)}")
-    if validating() and batch and (int(lengths.min()) < lo or int(lengths.max()) > hi):
-        raise ValueError(f"lengths: expected values in {lo}..{hi}, got {lengths.tolist()}")
+        raise ValueError(f"{name}: expected an integer tensor of shape [B] = [{batch}], got {lengths.dtype} {tuple(lengths.shape)}")
+    if reading_lengths() and batch and (int(lengths.min()) < lo or int(lengths.max()) > hi):
+        raise ValueError(f"{name}: expected values in {lo}..{hi}, got {lengths.tolist()}")
     return lengths.to(device=device, dtype=torch.long)
+
+
+def given_lengths(lengths: Lengths, mask: Tensor | None, batch: int, lo: int, hi: int, device: torch.device,
+                  names: tuple[str, str] = ("lengths", "mask")) -> Tensor | None:
+    """The lengths given, or those ``mask [B, hi]`` implies (:func:`lengths_of_mask`), checked as
+    :func:`check_lengths` does in ``lo..hi``; a length out of range that a mask implied names the
+    mask (:func:`blame_mask`). For a constructor whose structure counts positions the caller does
+    not (then built within :func:`lengths_checked`)."""
+    try:
+        implied = lengths_of_mask(as_lengths(lengths), mask, batch, hi, names=names)
+        return check_lengths(implied, batch, lo, hi, device, name=names[0])
+    except ValueError as error:
+        raise (error if mask is None else blame_mask(error, names)) from None
 
 
 def lengths_of_mask(lengths: Tensor | Sequence[int] | None, mask: Tensor | None, batch: int, size: int,

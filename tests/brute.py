@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 from torch.testing import assert_close
 
-from structures import (CTC, HMM, AlignmentCRF, ConstituencyCRF, EmissionCRF, HopChainCRF, LinearChainCRF, NonProjectiveDependencyCRF,
-                        ProjectiveDependencyCRF, SecondOrderDependencyCRF, SemiMarkovCRF)
+from structures import (CTC, HMM, PCFG, TDPCFG, AlignmentCRF, ConstituencyCRF, EmissionCRF, HopChainCRF, LinearChainCRF,
+                        NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF, SemiMarkovCRF)
 
 Part = tuple[int, ...]
 
@@ -293,11 +293,16 @@ class Family:
     offset: int
     structures: Callable[[tuple[int, ...], int], Iterable[list[Part]]]
     length_dims: int = 1
+    min_length: int = 1  # the shortest length with a structure (a grammar's tree has 2 words or more)
     argument: str = "log_potentials"  # what the constructor calls the potentials
     fixed_score: Callable[[list[Part]], float] = lambda parts: 0.0  # a structure's shared scores (Enumeration)
 
     def max_length(self, shape: tuple[int, ...]) -> int:
         return shape[0] + self.offset
+
+    def random_lengths(self, batch: int, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+        """:func:`random_lengths` in ``min_length..max_length(shape)``."""
+        return random_lengths(batch, self.max_length(shape), generator, self.min_length)
 
     def enumerate(self, theta: Tensor, lengths: Tensor | None = None) -> list[Enumeration]:
         """One enumeration per example of a batch ``theta [B, *shape]``."""
@@ -464,15 +469,122 @@ def second_order_family(single_root: bool, shapes: tuple[tuple[int, int], ...]) 
 
 SECOND_ORDER = second_order_family(False, ((2, 2), (3, 3), (4, 4)))
 SECOND_ORDER_SINGLE_ROOT = second_order_family(True, ((2, 2), (3, 3)))  # (its own goal on the same chart)
-ADAPTED = (HMM_FAMILY, ALIGNMENT, ALIGNMENT_ONE_TO_MANY, CTC_FAMILY, SECOND_ORDER, SECOND_ORDER_SINGLE_ROOT)
 
 
-def random_lengths(batch: int, longest: int, generator: torch.Generator) -> Tensor:
-    """Lengths in 1..longest that include both ends when the batch has room."""
-    lengths = torch.randint(1, longest + 1, (batch,), generator=generator)
+def grammar_trees(n: int, NT: int, T: int, R: int = 0) -> Iterator[list[Part]]:
+    """PCFG (TD-PCFG with ``R`` ranks): every binary tree of words 0..n-1 with a nonterminal on each
+    span of 2 words or more, a preterminal on each word (and a rank at each nonterminal); parts
+    (i, j, a) for nonterminal a over words i..j (i < j), (i, i, p) for preterminal p over word i,
+    (j, i, r) for rank r at the node over i..j."""
+    for tree in binary_trees(0, n):
+        spans = [(i, k - 1) for i, k in tree]
+        for labels in itertools.product(range(NT), repeat=len(spans)):
+            for tags in itertools.product(range(T), repeat=n):
+                for ranks in itertools.product(range(R), repeat=len(spans)) if R else [()]:
+                    yield ([(i, j, a) for (i, j), a in zip(spans, labels)] + [(i, i, p) for i, p in enumerate(tags)]
+                           + [(j, i, r) for (i, j), r in zip(spans, ranks)])
+
+
+def child(x: int, NT: int) -> int:
+    """The code of a rule's child in the rules' numbering (nonterminal x < NT, preterminal NT + p) for
+    :func:`fixed`: 2x for a nonterminal, 2p + 1 for a preterminal, so that a grammar's fixed scores
+    do not depend on NT."""
+    return 2 * x if x < NT else 2 * (x - NT) + 1
+
+
+def grammar_nodes(parts: list[Part]) -> Iterator[tuple[int, int, int, int | None]]:
+    """(parent, left child code, right child code, rank or None) of every nonterminal node of a
+    tree given as :func:`grammar_trees` parts, the root's first; the codes as :func:`child`'s."""
+    spans = {(i, j): a for i, j, a in parts if i < j}
+    tags = {i: p for i, j, p in parts if i == j}
+    ranks = {(i, j): r for j, i, r in parts if j > i}
+
+    def code(i: int, j: int) -> int:
+        return 2 * spans[i, j] if i < j else 2 * tags[i] + 1
+
+    for (i, j), a in sorted(spans.items(), key=lambda s: s[0][0] - s[0][1]):
+        k = max(k for k in range(i, j) if k == i or (i, k) in spans)  # the left child's last word
+        yield a, code(i, k), code(k + 1, j), ranks.get((i, j))
+
+
+def grammar_fixed_score(parts: list[Part]) -> float:
+    """A tree's root and rule scores under the PCFG adapter's fixed grammar: roots ``fixed(a)``,
+    rules ``fixed(a, code x, code y)``; under the TD-PCFG's, a node of rank r scores
+    ``fixed(1, a, r) + fixed(2, code x, r) + fixed(3, code y, r)`` (U, V, W)."""
+    nodes = list(grammar_nodes(parts))
+    score = fixed(nodes[0][0])
+    for a, x, y, r in nodes:
+        score += fixed(a, x, y) if r is None else fixed(1, a, r) + fixed(2, x, r) + fixed(3, y, r)
+    return score
+
+
+def grammar_sizes(K: int, ranks: bool) -> tuple[int, int, int]:
+    """(NT, T, R) of the grammar adapters' chart label size K = max(NT, T, R): the PCFG's NT = K,
+    T = K - 1 (so that some labels are never tags); the TD-PCFG's R = K, NT = T = K - 1."""
+    small = max(1, K - 1)
+    return (small, small, K) if ranks else (K, small, 0)
+
+
+def _grammar_inputs(log_potentials: Tensor, ranks: bool) -> tuple[Tensor, int, int, int, torch.dtype]:
+    """Zero terms ``[B, N, T]`` beside the chart θ (all of θ goes in as ``chart``), and NT, T, R and
+    the dtype of the fixed scores; for θ of a wrong rank, terms that let the class refuse θ."""
+    shape = (*log_potentials.shape, 1, 1)[:4]
+    NT, T, R = grammar_sizes(shape[-1], ranks)
+    dtype = _float(log_potentials)
+    return torch.zeros(shape[0], shape[1], T, dtype=dtype), NT, T, R, dtype
+
+
+def _codes(NT: int, T: int) -> list[int]:
+    return [child(x, NT) for x in range(NT + T)]
+
+
+class PCFGOfChart(PCFG):
+    """A PCFG whose potentials are θ ``[B, N, N, K]``, the whole chart (as ``chart``: tags and
+    labelled spans), rules and roots fixed (:func:`grammar_fixed_score`)."""
+
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        terms, NT, T, _, dtype = _grammar_inputs(log_potentials, ranks=False)
+        codes = _codes(NT, T)
+        rules = torch.tensor([[[fixed(a, x, y) for y in codes] for x in codes] for a in range(NT)], dtype=dtype)
+        roots = torch.tensor([fixed(a) for a in range(NT)], dtype=dtype)
+        super().__init__(terms, rules[None], roots[None], lengths, chart=log_potentials)
+
+
+class TDPCFGOfChart(TDPCFG):
+    """A TD-PCFG whose potentials are θ ``[B, N, N, K]``, the whole chart (tags, labelled spans and
+    ranks), factors U, V, W and roots fixed (:func:`grammar_fixed_score`)."""
+
+    def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None):
+        terms, NT, T, R, dtype = _grammar_inputs(log_potentials, ranks=True)
+        codes = _codes(NT, T)
+        U, V, W = (torch.tensor([[fixed(k, x, r) for r in range(R)] for x in xs], dtype=dtype)[None]
+                   for k, xs in ((1, range(NT)), (2, codes), (3, codes)))
+        roots = torch.tensor([fixed(a) for a in range(NT)], dtype=dtype)
+        super().__init__(terms, U, V, W, roots[None], lengths, chart=log_potentials)
+
+
+PCFG_FAMILY = Family(
+    "pcfg", PCFGOfChart,
+    ((2, 2, 1), (2, 2, 2), (3, 3, 2), (2, 2, 3), (3, 3, 3), (4, 4, 2)), 0,
+    lambda shape, n: grammar_trees(n, *grammar_sizes(shape[-1], ranks=False)[:2]),
+    length_dims=2, min_length=2, argument="chart", fixed_score=grammar_fixed_score,
+)
+TDPCFG_FAMILY = Family(
+    "tdpcfg", TDPCFGOfChart,
+    ((2, 2, 1), (2, 2, 2), (3, 3, 2), (2, 2, 3), (4, 4, 2), (3, 3, 3)), 0,
+    lambda shape, n: grammar_trees(n, *grammar_sizes(shape[-1], ranks=True)),
+    length_dims=2, min_length=2, argument="chart", fixed_score=grammar_fixed_score,
+)
+ADAPTED = (HMM_FAMILY, ALIGNMENT, ALIGNMENT_ONE_TO_MANY, CTC_FAMILY, SECOND_ORDER, SECOND_ORDER_SINGLE_ROOT,
+           PCFG_FAMILY, TDPCFG_FAMILY)
+
+
+def random_lengths(batch: int, longest: int, generator: torch.Generator, shortest: int = 1) -> Tensor:
+    """Lengths in shortest..longest that include both ends when the batch has room."""
+    lengths = torch.randint(shortest, longest + 1, (batch,), generator=generator)
     lengths[0] = longest
     if batch > 1:
-        lengths[1] = 1
+        lengths[1] = shortest
     return lengths
 
 

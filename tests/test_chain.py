@@ -159,3 +159,24 @@ def test_default_gradcheck_passes_a_second_backward_gives_the_same_bits(N):
     theta = torch.randn(2, N - 1, 3, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x: LinearChainCRF(x).log_partition, (theta,))
     assert torch.autograd.gradcheck(lambda x: LinearChainCRF(x).marginals, (theta,))
+
+
+def test_from_emissions_reads_the_lengths_once(monkeypatch):
+    """from_emissions checks the lengths in its own terms (1..N, one read of their values) and the
+    chain it builds over N+1 positions takes them without reading them again; a length out of
+    range is still refused in the caller's terms."""
+    program = type(LinearChainCRF.program)
+    check, reads = program.check_lengths, []
+
+    def recorded(self, lengths, *args, values=True, **kwargs):
+        reads.append(values)
+        return check(self, lengths, *args, values=values, **kwargs)
+
+    monkeypatch.setattr(program, "check_lengths", recorded)
+    emissions, transitions = torch.zeros(2, 4, 3), torch.zeros(3, 3)
+    LinearChainCRF.from_emissions(emissions, transitions, lengths=torch.tensor([4, 1]))
+    assert reads == [False]
+    LinearChainCRF(torch.zeros(2, 3, 3, 3), torch.tensor([4, 1]))
+    assert reads == [False, True]  # (a chain built directly reads them)
+    with pytest.raises(ValueError, match=r"^lengths: expected values in 1\.\.4, got \[5, 0\]"):
+        LinearChainCRF.from_emissions(emissions, transitions, lengths=torch.tensor([5, 0]))

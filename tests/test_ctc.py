@@ -147,8 +147,10 @@ def test_defaults_are_every_frame_and_every_target_label():
     ("blank range", dict(blank=3), r"blank: expected an index in 0..2"),
     ("input_lengths zero", dict(input_lengths=torch.tensor([0, 4])), r"input_lengths: expected values in 1..4"),
     ("input_lengths long", dict(input_lengths=torch.tensor([5, 4])), r"input_lengths: expected values in 1..4"),
-    ("input_lengths shape", dict(input_lengths=torch.tensor([4])), r"input_lengths: expected shape \[2\]"),
+    ("input_lengths shape", dict(input_lengths=torch.tensor([4])), r"input_lengths: expected an integer tensor of shape \[B\] = \[2\], got torch.int64 \(1,\)"),
     ("target_lengths", dict(target_lengths=torch.tensor([3, 1])), r"target_lengths: expected values in 0..2"),
+    ("target_lengths float", dict(target_lengths=torch.tensor([1.0, 1.0])),
+     r"target_lengths: expected an integer tensor of shape \[B\] = \[2\], got torch.float32"),
 ], ids=lambda x: x if isinstance(x, str) and not x.startswith(("log_probs", "targets:", "blank:", "input", "target_")) else "")
 def test_bad_input_raises_value_error_naming_the_argument(what, kwargs, message):
     args = dict(log_probs=torch.zeros(2, 4, 3), targets=torch.ones(2, 2, dtype=torch.long), input_lengths=None,

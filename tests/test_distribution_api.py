@@ -3,8 +3,8 @@
 Each structure family runs at every small size, with and without ``lengths``, with finite
 potentials and with some parts forbidden (-inf); every query is checked against the enumeration.
 A structure whose constructor takes more than potentials and lengths (HMM, CTC, AlignmentCRF,
-SecondOrderDependencyCRF) joins through an adapter (brute.ADAPTED) that fixes the rest; where a
-check cannot apply to one, the exclusion says why.
+SecondOrderDependencyCRF, PCFG, TDPCFG) joins through an adapter (brute.ADAPTED) that fixes the rest;
+where a check cannot apply to one, the exclusion says why.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch.testing import assert_close
 
 from brute import (ADAPTED, ALIGNMENT, ALIGNMENT_ONE_TO_MANY, CTC_FAMILY, FAMILIES, HMM_FAMILY, Enumeration, Family, as_multiset,
-                   random_lengths, random_potentials)
+                   random_potentials)
 from structures import HMM, EmissionCRF, HopChainCRF, LinearChainCRF
 
 FAMILIES = FAMILIES + ADAPTED  # and the structures whose constructors take more, through adapters
@@ -54,7 +54,7 @@ def problem(case: Case) -> Problem:
     g = torch.Generator().manual_seed(zlib.crc32(str(case).encode()))
     batch = 3 if case.with_lengths else 2
     theta = random_potentials(case.shape, batch, g, case.forbid)
-    lengths = random_lengths(batch, case.family.max_length(case.shape), g) if case.with_lengths else None
+    lengths = case.family.random_lengths(batch, case.shape, g) if case.with_lengths else None
     q_theta = random_potentials(case.shape, batch, g, case.forbid)
     return Problem(theta, lengths, case.family.enumerate(theta, lengths), q_theta, case.family.enumerate(q_theta, lengths))
 
@@ -69,10 +69,6 @@ per_case = pytest.mark.parametrize("case", CASES, ids=str)
 
 def per_case_but(*excluded: Family):
     return pytest.mark.parametrize("case", [c for c in CASES if c.family not in excluded], ids=str)
-
-
-def per_family_but(*excluded: Family):
-    return pytest.mark.parametrize("family", [f for f in FAMILIES if f not in excluded], ids=str)
 
 
 # ---------------------------------------------------------------- every query equals enumeration
@@ -218,8 +214,8 @@ def test_padded_batch_equals_examples_one_by_one(family):
     shape = largest(family)
     longest = family.max_length(shape)
     g = torch.Generator().manual_seed(1)
-    lengths = torch.arange(longest, 0, -1)
-    theta = random_potentials(shape, longest, g) * 50  # padding holds large values: it must carry no mass
+    lengths = torch.arange(longest, family.min_length - 1, -1)
+    theta = random_potentials(shape, len(lengths), g) * 50  # padding holds large values: it must carry no mass
     batch = family.cls(theta, lengths)
     for b, n in enumerate(lengths.tolist()):
         one = family.cls(family.truncate(theta[b : b + 1], n))
@@ -238,7 +234,7 @@ def test_gradcheck_and_gradgradcheck(family, with_lengths):
     shape = family.shapes[len(family.shapes) // 2]
     g = torch.Generator().manual_seed(2)
     theta = random_potentials(shape, 2, g).requires_grad_()
-    lengths = random_lengths(2, family.max_length(shape), g) if with_lengths else None
+    lengths = family.random_lengths(2, shape, g) if with_lengths else None
 
     def log_partition(x):
         return family.cls(x, lengths).log_partition
@@ -260,7 +256,7 @@ def test_sample_frequencies_match_marginals(family):
     shape = largest(family)
     g = torch.Generator().manual_seed(3)
     theta = random_potentials(shape, 2, g, forbid=0.2)
-    lengths = random_lengths(2, family.max_length(shape), g)
+    lengths = family.random_lengths(2, shape, g)
     d = family.cls(theta, lengths)
     n = 20000
     samples = d.sample((n,))
@@ -279,7 +275,7 @@ def test_sample_frequencies_match_marginals(family):
 def test_samples_from_a_generator_repeat_and_leave_the_global_stream_alone(family):
     shape = largest(family)
     g = torch.Generator().manual_seed(4)
-    d = family.cls(random_potentials(shape, 2, g, forbid=0.2), random_lengths(2, family.max_length(shape), g))
+    d = family.cls(random_potentials(shape, 2, g, forbid=0.2), family.random_lengths(2, shape, g))
     torch.manual_seed(0)
     expected_global = torch.rand(3)
     torch.manual_seed(0)
@@ -393,7 +389,7 @@ def test_bad_potentials_raise_value_error_naming_argument_and_shape(family, what
         assert f"[{spec}]" in str(error.value)
 
 
-@per_family_but(CTC_FAMILY)  # its lengths are input_lengths and target_lengths: the adapter derives one (test_ctc.py)
+@pytest.mark.parametrize("family", FAMILIES, ids=str)
 @pytest.mark.parametrize("what", ["zero", "too long", "negative", "batch size", "rank 2", "float", "bool"])
 def test_bad_lengths_raise_value_error_naming_lengths(family, what):
     shape = largest(family)
@@ -411,7 +407,7 @@ def test_bad_lengths_raise_value_error_naming_lengths(family, what):
     with pytest.raises(ValueError, match="lengths") as error:
         family.cls(theta, lengths)
     message = str(error.value)
-    assert f"1..{longest}" in message if what in ("zero", "too long", "negative") else "[B]" in message
+    assert f"{family.min_length}..{longest}" in message if what in ("zero", "too long", "negative") else "[B]" in message
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=str)
@@ -419,7 +415,7 @@ def test_no_query_mutates_its_inputs(family):
     shape = largest(family)
     g = torch.Generator().manual_seed(4)
     theta = random_potentials(shape, 3, g, forbid=0.2)
-    lengths = random_lengths(3, family.max_length(shape), g)
+    lengths = family.random_lengths(3, shape, g)
     other = random_potentials(shape, 3, g)
     saved = theta.clone(), lengths.clone(), other.clone()
     d, q = family.cls(theta, lengths), family.cls(other, lengths)
@@ -471,7 +467,7 @@ def test_half_precision_is_computed_in_float32_and_returned_in_input_dtype(famil
     shape = largest(family)
     g = torch.Generator().manual_seed(6)
     low = random_potentials(shape, 2, g, forbid=0.2, dtype=torch.float32).to(dtype)
-    lengths = random_lengths(2, family.max_length(shape), g)
+    lengths = family.random_lengths(2, shape, g)
     d, ref = family.cls(low, lengths), family.cls(low.float(), lengths)
     queries = {"log_partition": lambda x: x.log_partition, "marginals": lambda x: x.marginals, "max": lambda x: x.max,
                "argmax": lambda x: x.argmax, "entropy": lambda x: x.entropy()}

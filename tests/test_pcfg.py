@@ -256,8 +256,50 @@ def test_bad_input_is_a_value_error_naming_it(change, message):
 
 def test_bad_lengths_and_factors_are_value_errors():
     terms, rules, roots = grammar(forbid=False)
-    with pytest.raises(ValueError, match="lengths"):
-        PCFG(terms, rules, roots, torch.tensor([1, 2]))  # a tree has at least 2 words
     U, V, W = factors(2, 2, 3, 4)
     with pytest.raises(ValueError, match=r"W: expected shape \[B, NT\+T, R\] = \[2 or 1, 5, 4\]"):
         TDPCFG(terms, U, V, W[:, :, :3], roots)
+
+
+@pytest.mark.parametrize("cls", ["PCFG", "TDPCFG"])
+def test_chart_scores_add_to_the_parts_and_minus_inf_forbids_a_bracket(cls):
+    """``chart`` adds to the potentials: its -inf at [0, 1, a] for every nonterminal a leaves exactly
+    the trees without a bracket over words 0..1, and a score at a tag adds to that tag's ``terms``."""
+    B, N, NT, T, R = 1, 3, 2, 2, 2
+    terms, rules, roots = grammar(B, N, NT, T, forbid=False)
+    U, V, W = factors(B, NT, T, R, seed=3)
+    chart = torch.zeros(B, N, N, max(NT, T, R) if cls == "TDPCFG" else max(NT, T), dtype=torch.float64)
+    chart[0, 0, 1, :NT] = float("-inf")
+    chart[0, 2, 2, 1] = 0.75
+    build = (lambda **k: PCFG(terms, rules, roots, **k)) if cls == "PCFG" else (lambda **k: TDPCFG(terms, U, V, W, roots, **k))
+    d, plain = build(chart=chart), build()
+    if cls == "PCFG":
+        e = Trees(plain, 0, terms, roots, lambda a, x, y: rules[0, a, x, y])
+    else:
+        e = Trees(plain, 0, terms, roots, lambda a, x, y, r: U[0, a, r] + V[0, x, r] + W[0, y, r], ranks=R)
+    kept = e.charts[:, 0, 1, :NT].sum(-1) == 0
+    scores = e.scores[kept] + 0.75 * e.charts[kept, 2, 2, 1]
+    assert_close(d.log_partition[0], torch.logsumexp(scores, 0))
+    assert (d.marginals[0, 0, 1, :NT] == 0).all()
+    with pytest.raises(ValueError, match=r"chart: expected shape \[B, N, N, K\] = \[1, 3, 3, "):
+        build(chart=chart[..., :1])
+
+
+@pytest.mark.parametrize("cls", ["PCFG", "TDPCFG"])
+def test_a_one_word_sentence_is_refused_saying_why(cls):
+    """A one-word sentence has no binary tree (the root is a nonterminal, with two children): a length
+    of 1, a mask that implies one and terms of one word are value errors that say so, naming the
+    argument; a length of 0 or past N gets the plain range."""
+    terms, rules, roots = grammar(N=3, forbid=False)
+    U, V, W = factors(2, 2, 3, 2)
+    build = (lambda t, **k: PCFG(t, rules, roots, **k)) if cls == "PCFG" else (lambda t, **k: TDPCFG(t, U, V, W, roots, **k))
+    why = "a one-word sentence has no tree"
+    with pytest.raises(ValueError, match=rf"^lengths: .*2\.\.3.*{why}"):
+        build(terms, lengths=torch.tensor([3, 1]))
+    with pytest.raises(ValueError, match=rf"^mask .*{why}"):
+        build(terms, mask=torch.tensor([[True, True, True], [True, False, False]]))
+    with pytest.raises(ValueError, match=rf"^terms: expected N >= 2 words, got shape \[2, 1, 3\] .*{why}"):
+        build(terms[:, :1])
+    with pytest.raises(ValueError, match=r"^lengths: .*2\.\.3") as error:
+        build(terms, lengths=torch.tensor([3, 4]))
+    assert why not in str(error.value)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from structures import ConstituencyCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF, SemiMarkovCRF
+from structures import PCFG, ConstituencyCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF, SemiMarkovCRF
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "porting.md"
 PEERS = {"torch-struct": "torch_struct", "pytorch-crf": "torchcrf"}
@@ -101,3 +101,16 @@ def test_semimarkov_from_torch_struct_keeps_its_free_first_label():
         assert_close(ours.log_partition[b:b + 1], theirs.partition.detach())
         assert_close(mu[b:b + 1, :n - 1], theirs.marginals)
         assert (mu[b, n - 1:] == 0).all()
+
+
+def test_a_one_word_sentence_has_no_tree_in_sentcfg_and_is_refused_by_pcfg():
+    """The SentCFG row: torch-struct gives a length of 1 a log Z of its zero (about -1e5, no tree),
+    without a word; PCFG refuses the length and says why."""
+    torch_struct = pytest.importorskip("torch_struct")
+    g = torch.Generator().manual_seed(0)
+    terms, rules, roots = torch.randn(2, 3, 2, generator=g), torch.randn(2, 2, 4, 4, generator=g), torch.randn(2, 2, generator=g)
+    lengths = torch.tensor([3, 1])
+    theirs = torch_struct.SentCFG((terms, rules, roots), lengths=lengths).partition
+    assert theirs[0] > -100 and theirs[1] < -1e4
+    with pytest.raises(ValueError, match="lengths: .*a one-word sentence has no tree"):
+        PCFG(terms, rules, roots, lengths)

@@ -65,3 +65,15 @@ def test_segments_tile_each_example_and_agree_with_the_labels():
         assert segments[-1][1] == n - 1
         for first, last, label in segments:
             assert labels[b, first : last + 1].eq(label).all()
+
+
+@pytest.mark.parametrize("lengths, message", [
+    ([6, 0], r"^lengths: expected values in 2\.\.6, got \[6, 0\]"),
+    ([7, 2], r"^lengths: expected values in 2\.\.6, got \[7, 2\]"),
+    ([True, True], r"^lengths: expected an integer tensor of shape \[B\] = \[2\], got torch\.bool"),
+])
+def test_from_torch_struct_checks_its_fencepost_lengths_in_its_own_terms(lengths, message):
+    """torch-struct's lengths count fenceposts (2..N for potentials [B, N-1, K, C, C]): a bad one is
+    a value error that names the values given, not the positions (one fewer) they become."""
+    with pytest.raises(ValueError, match=message):
+        SemiMarkovCRF.from_torch_struct(torch.zeros(2, 5, 3, 2, 2), torch.tensor(lengths))
