@@ -68,6 +68,9 @@ class Bound:
         self.table = levels.table(buf)
         self.first, self.end = levels.stretches(skip)
         self.grads: np.ndarray | None = None  # the gradient buffers' table, made by a backward pass's first level
+        # (of the buffers the levels run here name: an input only a skipped level reads, a scan's,
+        # gets its gradient whole from there, no zero-filled buffer to add it into)
+        self.named = set().union(*(u for lev, u in enumerate(levels.uses) if levels.backward[lev] is not None and lev not in skip))
 
     def forward(self, lev: int) -> int:
         end = self.end[lev]
@@ -80,7 +83,7 @@ class Bound:
         if first > lev:
             return 0
         if self.grads is None:
-            self.grads = self.levels.table(grads)
+            self.grads = self.levels.table(grads, self.named)
         for d in reversed(self.levels.backward[first:lev + 1]):
             _kernel.backward(self.max, self.double, self.batch, self.threads, self.table, self.grads, d)
         return lev + 1 - first

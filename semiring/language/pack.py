@@ -43,6 +43,7 @@ class Packed:
             if name not in index:
                 index[name] = len(self.keys)
                 self.keys.append(name)
+            used.add(index[name])
             return index[name]
 
         self.forward: list[np.ndarray | None] = []
@@ -51,8 +52,11 @@ class Packed:
         self.items: list[tuple[list[int], list[int]]] = []  # per level: its steps' items, forward and backward order
         self.instances: list[int] = []  # per level: the most instances per item of its steps (1: pointwise)
         self._stretches: dict[frozenset[int], tuple[list[int], list[int]]] = {}  # :meth:`stretches` per set of skipped levels
+        self.uses: list[set[int]] = []  # per level: the keys its descriptors name
         for steps in levels:
+            used: set[int] = set()
             packed = [_pack(step, key) for step in steps]
+            self.uses.append(used)
             backward = [s for group in backward_order(steps) for s in group]
             self.work.append(sum(math.prod(s.sizes) for s in steps))
             self.items.append(([math.prod(s.L) for s in steps], [math.prod(s.L) for s in backward]))
@@ -77,9 +81,12 @@ class Packed:
                 return False
         return True
 
-    def table(self, buf: dict[str, Tensor]) -> np.ndarray:
-        """Per key: (address, batch stride) of its buffer ``[B or 1, positions]`` (0: shared by the batch)."""
-        rows = [(t.data_ptr(), t.stride(0) if t.shape[0] > 1 else 0) for t in map(buf.__getitem__, self.keys)]
+    def table(self, buf: dict[str, Tensor], only: set[int] | None = None) -> np.ndarray:
+        """Per key: (address, batch stride) of its buffer ``[B or 1, positions]`` (0: shared by the
+        batch); with ``only``, (0, 0) for the keys outside it, whose buffers are not asked for (a
+        gradient buffer is made when first asked for)."""
+        rows = [(t.data_ptr(), t.stride(0) if t.shape[0] > 1 else 0) if t is not None else (0, 0)
+                for t in (buf[k] if only is None or i in only else None for i, k in enumerate(self.keys))]
         return np.array(rows, dtype=np.int64).reshape(len(self.keys), 2)
 
     def stretches(self, skip: set[int]) -> tuple[list[int], list[int]]:
