@@ -15,6 +15,7 @@ from torch.testing import assert_close
 import semiring as sr
 from semiring import cpu_scan
 from semiring.language import kernel
+from semiring.language.execute import SCAN_LEVELS
 from structures import EmissionCRF, LinearChainCRF
 
 pytestmark = pytest.mark.skipif(not cpu_scan.enabled, reason="the C scan was not built")
@@ -139,6 +140,18 @@ def test_a_chain_program_runs_its_chain_in_one_call_each_way(structure, monkeypa
     with kernel.disabled():
         assert_close(marginals, make(x).marginals, rtol=1e-5, atol=1e-6)
     assert (calls.forward, calls.backward) == (1, 1)  # the kernel's switch turns the scan off too
+
+
+def test_a_short_chain_of_a_matrix_per_level_runs_in_the_kernel_level_by_level(monkeypatch):
+    x = torch.randn(2, SCAN_LEVELS - 1, 4, 4, generator=torch.Generator().manual_seed(2))  # SCAN_LEVELS - 1 levels
+    calls = Calls(monkeypatch)
+    marginals = LinearChainCRF(x).marginals
+    assert (calls.forward, calls.backward) == (0, 0)
+    longer = torch.cat([x, x[:, :1]], 1)
+    assert_close(LinearChainCRF(longer).marginals[:, :-1].sum(-1).sum(-1), torch.ones(2, SCAN_LEVELS - 1))
+    assert (calls.forward, calls.backward) == (1, 1)
+    with kernel.disabled():
+        assert_close(marginals, LinearChainCRF(x).marginals, rtol=1e-5, atol=1e-6)
 
 
 def test_float32_marginals_of_a_long_chain_stay_close_to_float64():

@@ -16,6 +16,7 @@ out-of-place writes, differentiable to any order by plain autograd.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -27,6 +28,7 @@ from .fuse import ARENA
 from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
 
+SCAN_LEVELS = 32  # a chain of fewer levels, of a matrix each, runs in the C kernel level by level: the scan's fixed cost (~10 torch calls) is more (B=2..8, C=4..8, one loaded AMD core: even at 32-64 levels)
 KEEP = 1.25  # the Log weights a run keeps for its backward, in numbers per number its charts and inputs hold (:meth:`Run.keepable`)
 
 
@@ -244,15 +246,17 @@ class Run:
 
     def scans(self, dual: bool) -> dict[int, Scan]:
         """The plan's runs of chain levels, where the semiring has a fused scan (and not on dual
-        tensors: its nodes have no forward-mode derivative). Where the C kernel runs the levels,
-        every scan where the C scan (:mod:`semiring.cpu_scan`) is built, a chain's whole run of levels
-        in one call, else only the scans of one matrix for every level (an HMM's, an EmissionCRF's:
-        the torch scan multiplies matrices there, 3.6x faster than the kernel's sums). On a GPU, the
+        tensors: its nodes have no forward-mode derivative). Where the C kernel runs the levels and
+        the C scan (:mod:`semiring.cpu_scan`) is built, the scans of one matrix for every level (an
+        HMM's, an EmissionCRF's) and those of a matrix per level of at least :data:`SCAN_LEVELS`
+        levels, a chain's whole run in one call; without it only the former (the torch scan
+        multiplies matrices there, 3.6x faster than the kernel's sums). On a GPU, the
         scans the Triton scan takes (:data:`.triton_levels.CHAIN_SCANS`: of a matrix per level too)."""
         if dual or type(self.semiring).scan is Semiring.scan:
             return {}
         if self.native is kernel and cpu_scan.enabled:
-            return self.plan.scans
+            return {lev: scan for lev, scan in self.plan.scans.items()
+                    if scan.matrix.strides[0] == 0 or scan.stop - scan.start >= SCAN_LEVELS}
         if self.native is kernel or (self.native is triton_levels and not triton_levels.CHAIN_SCANS):
             return {lev: scan for lev, scan in self.plan.scans.items() if scan.matrix.strides[0] == 0}
         if self.native is triton_levels:
@@ -260,12 +264,36 @@ class Run:
                     if scan.matrix.strides[0] == 0 or scan.matrix.sizes[-1] <= triton_scan.MAX_STATES}
         return self.plan.scans
 
-    def scan(self, scan: Scan, read) -> Tensor:
-        """A run of chain levels: ``[*, B, T, L]``."""
+    def scan_inputs(self, scan: Scan, read) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(init, xs, unary)`` of a run of chain levels, as :meth:`~semiring.semirings.Semiring.scan` takes them."""
         xs = read(scan.matrix)
         if scan.matrix.strides[0] == 0 and xs.shape[self.lead] == 1:
             xs = xs.narrow(-3, 0, 1)  # one matrix for every level and example
-        return self.semiring.scan(read(scan.init), xs, None if scan.unary is None else read(scan.unary))
+        return read(scan.init), xs, None if scan.unary is None else read(scan.unary)
+
+    def scan(self, scan: Scan, read) -> Tensor:
+        """A run of chain levels: ``[*, B, T, L]``."""
+        return self.semiring.scan(*self.scan_inputs(scan, read))
+
+    def native_scan(self, scan: Scan, buf: dict[str, Tensor], keep: bool) -> "_NativeScan | None":
+        """A run of chain levels by the C scan called directly, where the kernel runs the other
+        levels (its autograd node and the graph's replay cost more than a short chain's levels):
+        what its backward needs, or None where the C scan does not take it."""
+        shape = []
+
+        def read(v: View) -> Tensor:
+            t = self.view(buf[v.source], v)
+            shape.append(t.shape)
+            return t
+
+        init, xs, unary = self.scan_inputs(scan, read)
+        if not cpu_scan.applies(init, xs, unary, keep=keep and type(self.semiring) is LogSemiring):
+            return None
+        is_max = type(self.semiring) is MaxSemiring
+        if keep and is_max and scan.init.source in self.plan.shapes:
+            init = init.clone()  # (the Max backward reads it; the chart's buffer changes before)
+        alphas, weights, sums = cpu_scan.forward(init, xs, unary, is_max, keep)
+        return _NativeScan(init, xs, unary, alphas, weights, sums, tuple(shape[0]))
 
     def forward(self, elements: list[Tensor], dual: bool = False, keep: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """Every level into the buffers: (goal ``[*, B]``, the buffers with the inputs). ``keep``:
@@ -287,20 +315,24 @@ class Run:
                 continue
             if lev in scans:
                 scan = scans[lev]
-                leaves = []
+                native = self.native_scan(scan, buf, keep) if self.native is kernel else None
+                if native is not None:
+                    alphas, self.kept[lev] = native.alphas, native
+                else:
+                    leaves = []
 
-                def read(v: View) -> Tensor:
-                    t = self.view(buf[v.source], v)
-                    if keep:  # (a chart's items are copied: the buffer changes before the backward)
-                        t = (t.detach() if v.source in self.plan.shapes else t.clone()).requires_grad_()
-                        leaves.append((v, t))
-                    return t
+                    def read(v: View) -> Tensor:
+                        t = self.view(buf[v.source], v)
+                        if keep:  # (a chart's items are copied: the buffer changes before the backward)
+                            t = (t.detach() if v.source in self.plan.shapes else t.clone()).requires_grad_()
+                            leaves.append((v, t))
+                        return t
 
-                with torch.set_grad_enabled(keep):
-                    alphas = self.scan(scan, read)
+                    with torch.set_grad_enabled(keep):
+                        alphas = self.scan(scan, read)
+                    self.kept[lev] = (alphas, leaves)
                 for v in scan.heads:
                     self.view(buf[v.source], v).copy_(alphas)
-                self.kept[lev] = (alphas, leaves)
                 lev = scan.stop
                 continue
             kept = self.keepable() if keep else ()
@@ -339,12 +371,18 @@ class Run:
                 continue
             if lev in ends:
                 scan = ends[lev]
-                alphas, leaves = self.kept[scan.start]
                 g = self.view(grads[scan.heads[0].source], scan.heads[0])
                 for v in scan.heads[1:]:
                     g = g + self.view(grads[v.source], v)
-                found = torch.autograd.grad(alphas, [t for _, t in leaves], g, allow_unused=True, retain_graph=True)
-                for (v, _), gv in zip(leaves, found):
+                kept = self.kept[scan.start]
+                if isinstance(kept, _NativeScan):
+                    found = kept.backward(g, type(self.semiring) is MaxSemiring)
+                    leaves = [scan.init, scan.matrix, scan.unary]
+                else:
+                    alphas, leaves = kept
+                    found = torch.autograd.grad(alphas, [t for _, t in leaves], g, allow_unused=True, retain_graph=True)
+                    leaves = [v for v, _ in leaves]
+                for v, gv in zip(leaves, found):
                     if gv is not None:  # (a scan's gradients are fresh tensors, one per input)
                         self.add(grads, v, gv, owned=True)
                 lev = scan.start - 1
@@ -485,6 +523,28 @@ def native(semiring: Semiring, inputs):
         if module.applies(semiring, inputs):
             return module
     return None
+
+
+@dataclass
+class _NativeScan:
+    """What the C scan's backward reads (:meth:`Run.native_scan`): its inputs, states and kept
+    weights, and the shape of the view of the matrices (one matrix for every level: read once)."""
+
+    init: Tensor
+    xs: Tensor
+    unary: Tensor | None
+    alphas: Tensor
+    weights: Tensor | None
+    sums: Tensor | None
+    read_shape: tuple[int, ...]
+
+    def backward(self, grad: Tensor, is_max: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The gradients of the views of ``(init, matrix, unary)`` from the states' ``grad``."""
+        g_init, g_xs, g_unary = cpu_scan.backward(self.init, self.xs, self.unary, self.alphas, self.weights,
+                                                  self.sums, grad, is_max)
+        if g_xs.shape[-3] != self.read_shape[-3]:  # (its levels' view repeats the one matrix: the sum is had once)
+            g_xs = torch.cat([g_xs, g_xs.new_zeros(*g_xs.shape[:-3], self.read_shape[-3] - 1, *g_xs.shape[-2:])], -3)
+        return g_init, g_xs, g_unary
 
 
 class _Grads(dict):
