@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -252,9 +253,9 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     size = {key: stored[c].size for c in charts for key in keys[c]}
     size.update({name: math.prod(s) for name, s in shapes.items()})
     systems = {i: sy for i, rule in enumerate(rules) if (sy := _system(rule, syntax, levels, shapes, boxes)) is not None}
-    extra = _level_ranges(systems, levels)
+    extra, levels_at = _level_ranges(systems, levels)
     forms = [f for i, sy in systems.items() if extra[i] is not None
-             and (f := _form(i, sy, extra[i], syntax, shapes, stored, chart_layouts, keys, size)) is not None]
+             and (f := _form(i, sy, extra[i], levels_at(sy), syntax, shapes, stored, chart_layouts, keys, size)) is not None]
     rank = {c: k for k, c in enumerate(levels.strata)}
     phases: dict[int, list[Form]] = {}
     for f in sorted((f for f in forms if f.chart != GOAL), key=lambda f: (rank[f.chart], f.index)):
@@ -363,9 +364,10 @@ def _scan(levels: list[list[Step]], start: int, stop: int, shapes) -> Scan:
     return Scan(start, stop, init, matrix, uv, heads)
 
 
-def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4) -> dict[int, list[Affine] | None]:
+def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
+                  ) -> tuple[dict[int, list[Affine] | None], Callable[[System], np.ndarray]]:
     """Per rule, constraints that it reads every chart at the levels that chart has items at (None:
-    it never fires). A chart's box is a box, and its level a function of several indices: the box
+    it never fires), and the levels each rule fires at under them. A chart's box is a box, and its level a function of several indices: the box
     holds items at levels no rule writes (Eisner's spans with t < s), and without this the rules
     that read them would run there. The least fixpoint of "the levels the rules write, reading
     only levels written", approximated from above as in abstract interpretation: an increasing
@@ -374,10 +376,14 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
     charts = set(levels.coeffs)
     empty = (math.inf, -math.inf)
     ranges: dict[str, tuple[float, float]] = {c: empty for c in charts}
+    known: dict[tuple, np.ndarray] = {}  # a sweep that changes nothing, and the plan, ask again
 
     def levels_of(sy: System) -> np.ndarray:
-        extra = sy.reads(levels, ranges)
-        return _levels_of(sy, extra) if extra is not None else np.zeros(0, dtype=np.int64)
+        key = (id(sy), *(ranges[t.name] for t in sy.rule.terms if t.name in ranges))
+        if key not in known:
+            extra = sy.reads(levels, ranges)
+            known[key] = _levels_of(sy, extra) if extra is not None else np.zeros(0, dtype=np.int64)
+        return known[key]
 
     leveled = [sy for sy in systems.values() if sy.rule.head.name in charts]
     changed = True
@@ -401,7 +407,7 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
         if fresh == ranges:
             break
         ranges = fresh
-    return {i: sy.reads(levels, ranges) for i, sy in systems.items()}
+    return {i: sy.reads(levels, ranges) for i, sy in systems.items()}, levels_of
 
 
 def _written(rules: list[Rule], syntax: Syntax, shapes, boxes: dict[str, Space], labels, sweeps: int = 8) -> dict[str, Space]:
@@ -534,25 +540,27 @@ def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
     return taus
 
 
-def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, stored: dict[str, Space],
+def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syntax, shapes, stored: dict[str, Space],
           chart_layouts, keys, size) -> Form | None:
-    """The rule at every level it fires at, or None where it never does at these sizes (``stored``:
-    the boxes the charts' buffers cover)."""
+    """The rule at every level it fires at (``taus``, those ``extra`` allows), or None where it never
+    does at these sizes (``stored``: the boxes the charts' buffers cover)."""
     code = syntax.constants
     rule, head, cons, unequal, indices = sy.rule, sy.rule.head, sy.cons + extra, sy.unequal, sy.indices
     head_vars, order = sy.head_vars, sy.order
-    taus = _levels_of(sy, extra)
     if taus.size == 0:
         return None
     sizes: list[np.ndarray] = []
     value: dict[str, Expr] = {}  # variable -> its base plus its coordinate
+    exprs: dict[Affine, Expr] = {}  # remembered: constraints and indices repeat the same forms
 
     def to_expr(a: Affine) -> Expr:
-        out = Expr({}, coeff(a, TAU) * taus + a.const)  # (a new int64 vector over the levels)
-        for v, k in a.coeffs:
-            if v != TAU:
-                out = out.add(value[v], k)
-        return out
+        if a not in exprs:
+            out = Expr({}, coeff(a, TAU) * taus + a.const)  # (a new int64 vector over the levels)
+            for v, k in a.coeffs:
+                if v != TAU:
+                    out = out.add(value[v], k)
+            exprs[a] = out
+        return exprs[a]
 
     try:
         for j, v in enumerate(order):
