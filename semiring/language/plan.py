@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Callable
 
 import numpy as np
@@ -568,19 +569,19 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
             lo_n, hi_n = bounds_of(project(proj, {TAU, v}), v)
             if not lo_n or not hi_n:
                 raise _unbounded(rule, v)
-            lo = np.max([_ceil(to_expr(r).const, a) for r, a in lo_n], axis=0)
-            hi = np.min([_floor(to_expr(r).const, a) for r, a in hi_n], axis=0)
+            lo = reduce(np.maximum, [_ceil(to_expr(r).const, a) for r, a in lo_n])  # (np.max of a list: slower)
+            hi = reduce(np.minimum, [_floor(to_expr(r).const, a) for r, a in hi_n])
             lower, upper = bounds_of(proj, v)
             relational = [to_expr(r) for r, a in lower if a == 1 and set(dict(r.coeffs)) - {TAU}]
             base = next((g for g in relational if (g.low(sizes) >= lo).all()
                          and all((g.add(o, -1).low(sizes) >= 0).all() for o in relational if o is not g)), Expr({}, lo))
             tops = [Expr({}, hi)] + [to_expr(r) for r, a in upper if a == 1 and set(dict(r.coeffs)) - {TAU}]
-            span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
+            span = reduce(np.minimum, [u.add(base, -1).high(sizes) for u in tops])
             if j < len(head_vars) and base.coeffs and (base.high(sizes) + span > hi).any():
                 # A stripe of a head variable would write past its range (a triangle of two head
                 # variables, ``s <= t``, sheared into a parallelogram): its range, and a mask, instead.
                 base = Expr({}, lo)
-                span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
+                span = reduce(np.minimum, [u.add(base, -1).high(sizes) for u in tops])
             sizes.append(np.maximum(span + 1, 0))
             value[v] = base.add(Expr({j: 1}, np.zeros_like(taus)))
     except Infeasible:
@@ -639,11 +640,20 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
     for rd in [*reads, *heads]:
         if rd is not None:
             rd.offset, rd.gather = rd.offset[keep], rd.gather[keep]
-    masks = [(Expr(e.coeffs, e.const[keep]), ">=") for e in checks if e.coeffs]
-    masks += [(Expr(e.coeffs, e.const[keep]), "!=") for e in map(to_expr, unequal)]
     sizes = [s[keep] for s in sizes]
-    needed = [e.low(sizes) < 0 if op == ">=" else (e.low(sizes) <= 0) & (e.high(sizes) >= 0) for e, op in masks]
-    return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, masks, rule.outer, needed)
+    kept: dict[tuple[int, str], tuple[Expr, np.ndarray]] = {}  # per form and op: a repeated constraint is one
+
+    def mask(e: Expr, op: str) -> tuple[Expr, np.ndarray]:
+        """The form at the levels kept, and where the box holds instances it excludes."""
+        if (id(e), op) not in kept:
+            m = Expr(e.coeffs, e.const[keep])
+            kept[id(e), op] = m, m.low(sizes) < 0 if op == ">=" else (m.low(sizes) <= 0) & (m.high(sizes) >= 0)
+        return kept[id(e), op]
+
+    masks = [(e, ">=") for e in checks if e.coeffs] + [(e, "!=") for e in map(to_expr, unequal)]
+    formed = [mask(e, op) for e, op in masks]
+    return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, [(m, op) for (m, _), (_, op) in zip(formed, masks)],
+                rule.outer, [needed for _, needed in formed])
 
 
 def _unbounded(rule: Rule, var: str) -> ProgramError:
