@@ -594,6 +594,13 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
     if not fires.any():
         return None
     n_free = len(head_vars)
+    extent_of: dict[int, tuple[Expr, np.ndarray, np.ndarray]] = {}  # per form (kept, so that its id stays its own)
+
+    def extent(e: Expr) -> tuple[np.ndarray, np.ndarray]:
+        """The form's least and largest values over the box (once: the terms' indices repeat forms)."""
+        if id(e) not in extent_of:
+            extent_of[id(e)] = e, e.low(sizes), e.high(sizes)
+        return extent_of[id(e)][1:]
 
     def position(t, layout: tuple[int, ...], key: str) -> Read:
         if t.name in shapes:
@@ -614,7 +621,8 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
             offset = offset + st[d] * (e.const - lo[d])
             for c, a in e.coeffs.items():
                 strides[c] += st[d] * a
-            outside |= (e.low(sizes) < lo[d]) | (e.high(sizes) > lo[d] + shape[d] - 1)
+            low, high = extent(e)
+            outside |= (low < lo[d]) | (high > lo[d] + shape[d] - 1)
         if any(s < 0 for s in strides):
             outside[:] = True
         return Read(key, offset, tuple(strides), outside, size[key], lookups)
