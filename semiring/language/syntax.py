@@ -42,6 +42,13 @@ class Affine:
     def variables(self) -> frozenset[str]:
         return frozenset(v for v, _ in self.coeffs)
 
+    def __hash__(self) -> int:  # (kept: the planner's remembered projections hash the same forms often)
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.coeffs, self.const))
+
     def shifted(self, delta: int) -> "Affine":
         return Affine(self.coeffs, self.const + delta)
 
