@@ -17,8 +17,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Union
+
+
+class _kept:
+    """A computed attribute of an immutable object, kept in the object once computed (as
+    ``functools.cached_property``, without its lock, which in Python 3.11 costs more than what it
+    keeps here: the planner asks for millions of these)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 class ProgramError(ValueError):
@@ -38,14 +55,14 @@ class Affine:
     coeffs: tuple[tuple[str, int], ...]
     const: int = 0
 
-    @cached_property
+    @_kept
     def variables(self) -> frozenset[str]:
         return frozenset(v for v, _ in self.coeffs)
 
     def __hash__(self) -> int:  # (kept: the planner's remembered projections hash the same forms often)
         return self._hash
 
-    @cached_property
+    @_kept
     def _hash(self) -> int:
         return hash((self.coeffs, self.const))
 
@@ -121,14 +138,14 @@ class Term:
     def is_one(self) -> bool:
         return self.name == "1"
 
-    @cached_property
+    @_kept
     def variables(self) -> frozenset[str]:  # (cached: a rule of thousands of terms asks often)
         return frozenset().union(*(i.variables for i in self.indices))
 
     def renamed(self, names: dict[str, str]) -> "Term":
         return Term(self.name, tuple(i.renamed(names) for i in self.indices), self.line, self.col)
 
-    @cached_property
+    @_kept
     def _text(self) -> str:
         return self.name if not self.indices else f"{self.name}[{', '.join(map(str, self.indices))}]"
 
