@@ -555,13 +555,14 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
     exprs: dict[Affine, Expr] = {}  # remembered: constraints and indices repeat the same forms
 
     def to_expr(a: Affine) -> Expr:
-        if a not in exprs:
+        out = exprs.get(a)
+        if out is None:
             out = Expr({}, coeff(a, TAU) * taus + a.const)  # (a new int64 vector over the levels)
             for v, k in a.coeffs:
                 if v != TAU:
                     out = out.add(value[v], k)
             exprs[a] = out
-        return exprs[a]
+        return out
 
     try:
         for j, v in enumerate(order):

@@ -193,8 +193,8 @@ class Rule:
     text: str = field(default="", compare=False)
     outer: int = 0  # the last ``outer`` terms do not depend on the summed variables: ⊗ after the ⊕
 
-    @property
-    def variables(self) -> set[str]:
+    @_kept
+    def variables(self) -> frozenset[str]:
         vs = self.head.variables.union(*(t.variables for t in self.terms))
         for r in self.ranges:
             vs |= {r.var} | r.lo.variables | r.hi.variables
