@@ -587,7 +587,7 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
             value[v] = base.add(Expr({j: 1}, np.zeros_like(taus)))
     except Infeasible:
         return None
-    fires = np.all([s > 0 for s in sizes], axis=0) if sizes else np.ones(taus.shape, dtype=bool)
+    fires = reduce(np.logical_and, [s > 0 for s in sizes]) if sizes else np.ones(taus.shape, dtype=bool)
     checks = [to_expr(e) for e in cons]
     for e in checks:
         if not e.coeffs:
