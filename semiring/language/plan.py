@@ -368,16 +368,16 @@ def _scan(levels: list[list[Step]], start: int, stop: int, shapes) -> Scan:
 def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
                   ) -> tuple[dict[int, list[Affine] | None], Callable[[System], np.ndarray]]:
     """Per rule, constraints that it reads every chart at the levels that chart has items at (None:
-    it never fires), and the levels each rule fires at under them. A chart's box is a box, and its level a function of several indices: the box
-    holds items at levels no rule writes (Eisner's spans with t < s), and without this the rules
-    that read them would run there. The least fixpoint of "the levels the rules write, reading
+    it never fires), and a function giving the levels a rule fires at under them. A chart's box is
+    a box, and its level a function of several indices: the box holds items at levels no rule
+    writes (Eisner's spans with t < s), and without this the rules that read them would run there. The least fixpoint of "the levels the rules write, reading
     only levels written", approximated from above as in abstract interpretation: an increasing
     sweep where a bound that moves goes to infinity (the box then limits it), then a few
     decreasing sweeps (each keeps every level that has items)."""
     charts = set(levels.coeffs)
     empty = (math.inf, -math.inf)
     ranges: dict[str, tuple[float, float]] = {c: empty for c in charts}
-    known: dict[tuple, np.ndarray] = {}  # a sweep that changes nothing, and the plan, ask again
+    known: dict[tuple, np.ndarray] = {}  # per rule and ranges it reads: the last sweep and the plan ask again
 
     def levels_of(sy: System) -> np.ndarray:
         key = (id(sy), *(ranges[t.name] for t in sy.rule.terms if t.name in ranges))
@@ -650,19 +650,18 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
         if rd is not None:
             rd.offset, rd.gather = rd.offset[keep], rd.gather[keep]
     sizes = [s[keep] for s in sizes]
-    kept: dict[tuple[int, str], tuple[Expr, np.ndarray]] = {}  # per form and op: a repeated constraint is one
+    kept: dict[tuple[int, str], tuple[Expr, str, np.ndarray]] = {}  # per form and op: a repeated constraint is one
 
-    def mask(e: Expr, op: str) -> tuple[Expr, np.ndarray]:
-        """The form at the levels kept, and where the box holds instances it excludes."""
+    def mask(e: Expr, op: str) -> tuple[Expr, str, np.ndarray]:
+        """The form at the levels kept, its op, and where the box holds instances it excludes."""
         if (id(e), op) not in kept:
             m = Expr(e.coeffs, e.const[keep])
-            kept[id(e), op] = m, m.low(sizes) < 0 if op == ">=" else (m.low(sizes) <= 0) & (m.high(sizes) >= 0)
+            kept[id(e), op] = m, op, m.low(sizes) < 0 if op == ">=" else (m.low(sizes) <= 0) & (m.high(sizes) >= 0)
         return kept[id(e), op]
 
-    masks = [(e, ">=") for e in checks if e.coeffs] + [(e, "!=") for e in map(to_expr, unequal)]
-    formed = [mask(e, op) for e, op in masks]
-    return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, [(m, op) for (m, _), (_, op) in zip(formed, masks)],
-                rule.outer, [needed for _, needed in formed])
+    masks = [mask(e, ">=") for e in checks if e.coeffs] + [mask(e, "!=") for e in map(to_expr, unequal)]
+    return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, [(m, op) for m, op, _ in masks], rule.outer,
+                [needed for _, _, needed in masks])
 
 
 def _unbounded(rule: Rule, var: str) -> ProgramError:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Callable, Union
 
 
 class _kept:
@@ -25,13 +25,13 @@ class _kept:
     ``functools.cached_property``, without its lock, which in Python 3.11 costs more than what it
     keeps here: the planner asks for millions of these)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable):
         self.fn = fn
 
-    def __set_name__(self, owner, name: str) -> None:
+    def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj, owner=None):
+    def __get__(self, obj: object, owner: type | None = None):
         if obj is None:
             return self
         value = obj.__dict__[self.name] = self.fn(obj)
