@@ -247,11 +247,11 @@ def factor(rules: list[Rule]) -> list[Rule]:
     A sub-sum that several rules share becomes a chart of its own, computed once; one that a single
     rule uses stays in that rule, whose ``outer`` last terms are ⊗-multiplied after its ⊕.
     """
-    keys = Counter(k for k in (_split(r)[0] for r in rules) if k is not None)
+    splits = [_split(r) for r in rules]
+    keys = Counter(s[0] for s in splits if s[0] is not None)
     out: list[Rule] = []
     subsums: dict[str, Rule] = {}
-    for rule in rules:
-        key, sub, free, outer, outer_conds = _split(rule)
+    for rule, (key, sub, free, outer, outer_conds) in zip(rules, splits):
         if key is None:
             out.append(rule)
         elif keys[key] == 1:

@@ -217,12 +217,16 @@ class Rule:
         m = re.search(rf"(?<![A-Za-z_0-9]){re.escape(var)}(?![A-Za-z_0-9])", self.text)
         return m.start() + 1 if m else 0
 
-    def __str__(self):
+    @_kept
+    def _text(self) -> str:  # (kept: the compiler orders variables by where they first occur in it)
         body = " * ".join(map(str, self.terms))
         extra = "".join(f" {r}" for r in self.ranges)
         if self.conds:
             extra += " if " + " and ".join(map(str, self.conds))
         return f"{self.head} += {body}{extra}"
+
+    def __str__(self) -> str:
+        return self._text
 
 
 INDEX_LIMIT = 2**62  # index constants and coefficients stay far inside int64, whatever arithmetic follows
