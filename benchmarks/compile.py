@@ -11,6 +11,7 @@ Rows (``--rows`` takes numbers or names):
 3. ``pcfg``: PCFG inside (Log, forward only) as one rule, and hand-factored through ``P[s, t, b, c]``.
 4. ``chain``: LinearChainCRF marginals / the hand-written loop of ``benchmarks.chain``.
 5. ``rules``: ``semiring.program(text)`` + the first call for a chain of R charts.
+6. ``long``: the same for one rule of T pairwise terms (its variables eliminated one at a time).
 
 Every measurement runs in its own subprocess (``python -m benchmarks.compile --job ...``), killed
 after ``--timeout`` seconds and printed as "timeout": compile caches start empty, so a first call
@@ -44,7 +45,7 @@ from benchmarks.common import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROWS = ("lengths", "rss", "pcfg", "chain", "rules")
+ROWS = ("lengths", "rss", "pcfg", "chain", "rules", "long")
 
 FULL = {
     "lengths": {"B": 16, "ns": list(range(100, 110)), "big": 256, "warmup_n": 10},
@@ -52,6 +53,7 @@ FULL = {
     "pcfg": {"B": 4, "N": 64, "NT": 8},
     "chain": [{"B": 32, "N": 128, "C": 32}, {"B": 4, "N": 256, "C": 16}],
     "rules": [100, 400, 800, 1600, 3200],
+    "long": [400, 1000, 2000, 5000],
 }
 QUICK = {
     "lengths": {"B": 2, "ns": [20, 21, 22], "big": 40, "warmup_n": 5},
@@ -59,6 +61,7 @@ QUICK = {
     "pcfg": {"B": 2, "N": 12, "NT": 4},
     "chain": [{"B": 4, "N": 16, "C": 4}, {"B": 2, "N": 32, "C": 4}],
     "rules": [10, 40],
+    "long": [10, 40],
 }
 CHAIN_TARGETS = (1.1, 1.5)  # ours / loop, per entry of "chain"
 
@@ -80,6 +83,11 @@ def chain_of_charts(R: int) -> str:
     """``x0[i] = a[i]``, ``x{k}[i] += x{k-1}[i] * a[i]`` for k < R, ``goal += x{R-1}[n-1]``."""
     lines = ["x0[i] = a[i]"] + [f"x{k}[i] += x{k - 1}[i] * a[i]" for k in range(1, R)] + [f"goal += x{R - 1}[n-1]"]
     return "\n".join(lines)
+
+
+def long_rule(T: int) -> str:
+    """``goal += a[x0, x1] * a[x1, x2] * ... * a[x{T-1}, xT]``: one rule summing T+1 variables."""
+    return "goal += " + " * ".join(f"a[x{k}, x{k + 1}]" for k in range(T))
 
 
 # ---------------------------------------------------------------------------- measurements
@@ -205,9 +213,20 @@ def job_rules(R: int) -> dict:
     return {"program": t1 - t0, "first_call": t2 - t1}
 
 
+def job_long(T: int) -> dict:
+    _warm_up_process()
+    text, a = long_rule(T), torch.zeros(1, 2, 2)
+    t0 = time.perf_counter()
+    prog = semiring.program(text)
+    t1 = time.perf_counter()
+    prog(a=a)
+    t2 = time.perf_counter()
+    return {"program": t1 - t0, "first_call": t2 - t1}
+
+
 JOBS: dict[str, Callable[..., dict]] = {"lengths": job_lengths, "rss": job_rss, "pcfg": job_pcfg,
                                         "pcfg_warm": job_pcfg_warm, "chain": job_chain,
-                                        "rules": job_rules}
+                                        "rules": job_rules, "long": job_long}
 
 
 def run_job(name: str, kwargs: dict, *, threads: int, seed: int, timeout: float, in_process: bool) -> dict:
@@ -376,7 +395,29 @@ def row_rules(sizes: list, repeat: int, run: Callable) -> tuple[str, list]:
     return f"{title}\n\n{table}", targets
 
 
-ROW_FNS = {"lengths": row_lengths, "rss": row_rss, "pcfg": row_pcfg, "chain": row_chain, "rules": row_rules}
+def row_long(sizes: list, repeat: int, run: Callable) -> tuple[str, list]:
+    title = ("### 6. Compile time in the length of a rule: `semiring.program(text)` and the first call on "
+             "a = zeros(1, 2, 2), for the one rule goal += a[x0, x1] * ... * a[x{T-1}, xT]")
+    rows, done = [], []
+    for T in sizes:
+        r = run("long", {"T": T})
+        if failed(r):
+            rows.append((T, failed(r), "", "", ""))
+            continue
+        slope = f"{math.log(r['program'] / done[-1][1]) / math.log(T / done[-1][0]):.2f}" if done else ""
+        done.append((T, r["program"]))
+        rows.append((T, f"**{r['program']:.3f}**", f"{r['first_call']:.3f}", f"{r['program'] / T * 1e3:.2f}", slope))
+    table = markdown_table(["terms T", "program() (s)", "first call (s)", "program() per term (ms)",
+                            "log-log slope of program() vs previous T"], rows)
+    if len(done) < 2:
+        return f"{title}\n\n{table}", [("program() linear in a rule's terms", rows[-1][1], False)]
+    slope = math.log(done[-1][1] / done[0][1]) / math.log(done[-1][0] / done[0][0])
+    return f"{title}\n\n{table}", [(f"program() linear in a rule's terms (log-log slope over T={done[0][0]}..{done[-1][0]} "
+                                     "≤ 1.2)", f"{slope:.2f}", slope <= 1.2)]
+
+
+ROW_FNS = {"lengths": row_lengths, "rss": row_rss, "pcfg": row_pcfg, "chain": row_chain, "rules": row_rules,
+           "long": row_long}
 
 
 def parse_rows(text: str | None) -> list[str]:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import reduce
+from typing import Callable
 
 import numpy as np
 
@@ -252,9 +254,9 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     size = {key: stored[c].size for c in charts for key in keys[c]}
     size.update({name: math.prod(s) for name, s in shapes.items()})
     systems = {i: sy for i, rule in enumerate(rules) if (sy := _system(rule, syntax, levels, shapes, boxes)) is not None}
-    extra = _level_ranges(systems, levels)
+    extra, levels_at = _level_ranges(systems, levels)
     forms = [f for i, sy in systems.items() if extra[i] is not None
-             and (f := _form(i, sy, extra[i], syntax, shapes, stored, chart_layouts, keys, size)) is not None]
+             and (f := _form(i, sy, extra[i], levels_at(sy), syntax, shapes, stored, chart_layouts, keys, size)) is not None]
     rank = {c: k for k, c in enumerate(levels.strata)}
     phases: dict[int, list[Form]] = {}
     for f in sorted((f for f in forms if f.chart != GOAL), key=lambda f: (rank[f.chart], f.index)):
@@ -363,21 +365,26 @@ def _scan(levels: list[list[Step]], start: int, stop: int, shapes) -> Scan:
     return Scan(start, stop, init, matrix, uv, heads)
 
 
-def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4) -> dict[int, list[Affine] | None]:
+def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
+                  ) -> tuple[dict[int, list[Affine] | None], Callable[[System], np.ndarray]]:
     """Per rule, constraints that it reads every chart at the levels that chart has items at (None:
-    it never fires). A chart's box is a box, and its level a function of several indices: the box
-    holds items at levels no rule writes (Eisner's spans with t < s), and without this the rules
-    that read them would run there. The least fixpoint of "the levels the rules write, reading
+    it never fires), and a function giving the levels a rule fires at under them. A chart's box is
+    a box, and its level a function of several indices: the box holds items at levels no rule
+    writes (Eisner's spans with t < s), and without this the rules that read them would run there. The least fixpoint of "the levels the rules write, reading
     only levels written", approximated from above as in abstract interpretation: an increasing
     sweep where a bound that moves goes to infinity (the box then limits it), then a few
     decreasing sweeps (each keeps every level that has items)."""
     charts = set(levels.coeffs)
     empty = (math.inf, -math.inf)
     ranges: dict[str, tuple[float, float]] = {c: empty for c in charts}
+    known: dict[tuple, np.ndarray] = {}  # per rule and ranges it reads: the last sweep and the plan ask again
 
     def levels_of(sy: System) -> np.ndarray:
-        extra = sy.reads(levels, ranges)
-        return _levels_of(sy, extra) if extra is not None else np.zeros(0, dtype=np.int64)
+        key = (id(sy), *(ranges[t.name] for t in sy.rule.terms if t.name in ranges))
+        if key not in known:
+            extra = sy.reads(levels, ranges)
+            known[key] = _levels_of(sy, extra) if extra is not None else np.zeros(0, dtype=np.int64)
+        return known[key]
 
     leveled = [sy for sy in systems.values() if sy.rule.head.name in charts]
     changed = True
@@ -401,7 +408,7 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
         if fresh == ranges:
             break
         ranges = fresh
-    return {i: sy.reads(levels, ranges) for i, sy in systems.items()}
+    return {i: sy.reads(levels, ranges) for i, sy in systems.items()}, levels_of
 
 
 def _written(rules: list[Rule], syntax: Syntax, shapes, boxes: dict[str, Space], labels, sweeps: int = 8) -> dict[str, Space]:
@@ -534,24 +541,27 @@ def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
     return taus
 
 
-def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, stored: dict[str, Space],
+def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syntax, shapes, stored: dict[str, Space],
           chart_layouts, keys, size) -> Form | None:
-    """The rule at every level it fires at, or None where it never does at these sizes (``stored``:
-    the boxes the charts' buffers cover)."""
+    """The rule at every level it fires at (``taus``, those ``extra`` allows), or None where it never
+    does at these sizes (``stored``: the boxes the charts' buffers cover)."""
     code = syntax.constants
     rule, head, cons, unequal, indices = sy.rule, sy.rule.head, sy.cons + extra, sy.unequal, sy.indices
     head_vars, order = sy.head_vars, sy.order
-    taus = _levels_of(sy, extra)
     if taus.size == 0:
         return None
     sizes: list[np.ndarray] = []
     value: dict[str, Expr] = {}  # variable -> its base plus its coordinate
+    exprs: dict[Affine, Expr] = {}  # remembered: constraints and indices repeat the same forms
 
     def to_expr(a: Affine) -> Expr:
-        out = Expr({}, coeff(a, TAU) * taus + a.const)  # (a new int64 vector over the levels)
-        for v, k in a.coeffs:
-            if v != TAU:
-                out = out.add(value[v], k)
+        out = exprs.get(a)
+        if out is None:
+            out = Expr({}, coeff(a, TAU) * taus + a.const)  # (a new int64 vector over the levels)
+            for v, k in a.coeffs:
+                if v != TAU:
+                    out = out.add(value[v], k)
+            exprs[a] = out
         return out
 
     try:
@@ -560,24 +570,24 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
             lo_n, hi_n = bounds_of(project(proj, {TAU, v}), v)
             if not lo_n or not hi_n:
                 raise _unbounded(rule, v)
-            lo = np.max([_ceil(to_expr(r).const, a) for r, a in lo_n], axis=0)
-            hi = np.min([_floor(to_expr(r).const, a) for r, a in hi_n], axis=0)
+            lo = reduce(np.maximum, [_ceil(to_expr(r).const, a) for r, a in lo_n])  # (np.max of a list: slower)
+            hi = reduce(np.minimum, [_floor(to_expr(r).const, a) for r, a in hi_n])
             lower, upper = bounds_of(proj, v)
             relational = [to_expr(r) for r, a in lower if a == 1 and set(dict(r.coeffs)) - {TAU}]
             base = next((g for g in relational if (g.low(sizes) >= lo).all()
                          and all((g.add(o, -1).low(sizes) >= 0).all() for o in relational if o is not g)), Expr({}, lo))
             tops = [Expr({}, hi)] + [to_expr(r) for r, a in upper if a == 1 and set(dict(r.coeffs)) - {TAU}]
-            span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
+            span = reduce(np.minimum, [u.add(base, -1).high(sizes) for u in tops])
             if j < len(head_vars) and base.coeffs and (base.high(sizes) + span > hi).any():
                 # A stripe of a head variable would write past its range (a triangle of two head
                 # variables, ``s <= t``, sheared into a parallelogram): its range, and a mask, instead.
                 base = Expr({}, lo)
-                span = np.min([u.add(base, -1).high(sizes) for u in tops], axis=0)
+                span = reduce(np.minimum, [u.add(base, -1).high(sizes) for u in tops])
             sizes.append(np.maximum(span + 1, 0))
             value[v] = base.add(Expr({j: 1}, np.zeros_like(taus)))
     except Infeasible:
         return None
-    fires = np.all([s > 0 for s in sizes], axis=0) if sizes else np.ones(taus.shape, dtype=bool)
+    fires = reduce(np.logical_and, [s > 0 for s in sizes]) if sizes else np.ones(taus.shape, dtype=bool)
     checks = [to_expr(e) for e in cons]
     for e in checks:
         if not e.coeffs:
@@ -585,6 +595,13 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
     if not fires.any():
         return None
     n_free = len(head_vars)
+    extent_of: dict[int, tuple[Expr, np.ndarray, np.ndarray]] = {}  # per form (kept, so that its id stays its own)
+
+    def extent(e: Expr) -> tuple[np.ndarray, np.ndarray]:
+        """The form's least and largest values over the box (once: the terms' indices repeat forms)."""
+        if id(e) not in extent_of:
+            extent_of[id(e)] = e, e.low(sizes), e.high(sizes)
+        return extent_of[id(e)][1:]
 
     def position(t, layout: tuple[int, ...], key: str) -> Read:
         if t.name in shapes:
@@ -605,7 +622,8 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
             offset = offset + st[d] * (e.const - lo[d])
             for c, a in e.coeffs.items():
                 strides[c] += st[d] * a
-            outside |= (e.low(sizes) < lo[d]) | (e.high(sizes) > lo[d] + shape[d] - 1)
+            low, high = extent(e)
+            outside |= (low < lo[d]) | (high > lo[d] + shape[d] - 1)
         if any(s < 0 for s in strides):
             outside[:] = True
         return Read(key, offset, tuple(strides), outside, size[key], lookups)
@@ -631,11 +649,19 @@ def _form(i: int, sy: System, extra: list[Affine], syntax: Syntax, shapes, store
     for rd in [*reads, *heads]:
         if rd is not None:
             rd.offset, rd.gather = rd.offset[keep], rd.gather[keep]
-    masks = [(Expr(e.coeffs, e.const[keep]), ">=") for e in checks if e.coeffs]
-    masks += [(Expr(e.coeffs, e.const[keep]), "!=") for e in map(to_expr, unequal)]
     sizes = [s[keep] for s in sizes]
-    needed = [e.low(sizes) < 0 if op == ">=" else (e.low(sizes) <= 0) & (e.high(sizes) >= 0) for e, op in masks]
-    return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, masks, rule.outer, needed)
+    kept: dict[tuple[int, str], tuple[Expr, str, np.ndarray]] = {}  # per form and op: a repeated constraint is one
+
+    def mask(e: Expr, op: str) -> tuple[Expr, str, np.ndarray]:
+        """The form at the levels kept, its op, and where the box holds instances it excludes."""
+        if (id(e), op) not in kept:
+            m = Expr(e.coeffs, e.const[keep])
+            kept[id(e), op] = m, op, m.low(sizes) < 0 if op == ">=" else (m.low(sizes) <= 0) & (m.high(sizes) >= 0)
+        return kept[id(e), op]
+
+    masks = [mask(e, ">=") for e in checks if e.coeffs] + [mask(e, "!=") for e in map(to_expr, unequal)]
+    return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, [(m, op) for m, op, _ in masks], rule.outer,
+                [needed for _, _, needed in masks])
 
 
 def _unbounded(rule: Rule, var: str) -> ProgramError:

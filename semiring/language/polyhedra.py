@@ -106,9 +106,14 @@ def _project(cons: tuple[Affine, ...], keep: frozenset[str]) -> tuple[Affine, ..
         cons = eliminate(cons, v)
 
 
-def bounds_of(cons: list[Affine], v: str) -> tuple[list[tuple[Affine, int]], list[tuple[Affine, int]]]:
+def bounds_of(cons: list[Affine], v: str) -> tuple[tuple[tuple[Affine, int], ...], tuple[tuple[Affine, int], ...]]:
     """``(lower, upper)``: for each constraint on ``v``, ``(r, a)`` with ``v >= r / a`` (lower) or
-    ``v <= r / a`` (upper), ``a > 0``, ``r`` free of ``v``."""
+    ``v <= r / a`` (upper), ``a > 0``, ``r`` free of ``v``. Remembered, as projections are."""
+    return _bounds_of(tuple(cons), v)
+
+
+@lru_cache(maxsize=8192)
+def _bounds_of(cons: tuple[Affine, ...], v: str) -> tuple[tuple[tuple[Affine, int], ...], tuple[tuple[Affine, int], ...]]:
     lower, upper = [], []
     for e in cons:
         a = coeff(e, v)
@@ -117,7 +122,7 @@ def bounds_of(cons: list[Affine], v: str) -> tuple[list[tuple[Affine, int]], lis
             lower.append((scale(r, -1), a))
         elif a < 0:
             upper.append((r, -a))
-    return lower, upper
+    return tuple(lower), tuple(upper)
 
 
 def implied(expr: Affine, cons: list[Affine], most: int = 2) -> bool:

@@ -17,8 +17,25 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Union
+from typing import Callable, Union
+
+
+class _kept:
+    """A computed attribute of an immutable object, kept in the object once computed (as
+    ``functools.cached_property``, without its lock, which in Python 3.11 costs more than what it
+    keeps here: the planner asks for millions of these)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 class ProgramError(ValueError):
@@ -38,9 +55,16 @@ class Affine:
     coeffs: tuple[tuple[str, int], ...]
     const: int = 0
 
-    @cached_property
+    @_kept
     def variables(self) -> frozenset[str]:
         return frozenset(v for v, _ in self.coeffs)
+
+    def __hash__(self) -> int:  # (kept: the planner's remembered projections hash the same forms often)
+        return self._hash
+
+    @_kept
+    def _hash(self) -> int:
+        return hash((self.coeffs, self.const))
 
     def shifted(self, delta: int) -> "Affine":
         return Affine(self.coeffs, self.const + delta)
@@ -114,14 +138,14 @@ class Term:
     def is_one(self) -> bool:
         return self.name == "1"
 
-    @cached_property
+    @_kept
     def variables(self) -> frozenset[str]:  # (cached: a rule of thousands of terms asks often)
         return frozenset().union(*(i.variables for i in self.indices))
 
     def renamed(self, names: dict[str, str]) -> "Term":
         return Term(self.name, tuple(i.renamed(names) for i in self.indices), self.line, self.col)
 
-    @cached_property
+    @_kept
     def _text(self) -> str:
         return self.name if not self.indices else f"{self.name}[{', '.join(map(str, self.indices))}]"
 
@@ -169,8 +193,8 @@ class Rule:
     text: str = field(default="", compare=False)
     outer: int = 0  # the last ``outer`` terms do not depend on the summed variables: ⊗ after the ⊕
 
-    @property
-    def variables(self) -> set[str]:
+    @_kept
+    def variables(self) -> frozenset[str]:
         vs = self.head.variables.union(*(t.variables for t in self.terms))
         for r in self.ranges:
             vs |= {r.var} | r.lo.variables | r.hi.variables
@@ -193,12 +217,16 @@ class Rule:
         m = re.search(rf"(?<![A-Za-z_0-9]){re.escape(var)}(?![A-Za-z_0-9])", self.text)
         return m.start() + 1 if m else 0
 
-    def __str__(self):
+    @_kept
+    def _text(self) -> str:  # (kept: the compiler orders variables by where they first occur in it)
         body = " * ".join(map(str, self.terms))
         extra = "".join(f" {r}" for r in self.ranges)
         if self.conds:
             extra += " if " + " and ".join(map(str, self.conds))
         return f"{self.head} += {body}{extra}"
+
+    def __str__(self) -> str:
+        return self._text
 
 
 INDEX_LIMIT = 2**62  # index constants and coefficients stay far inside int64, whatever arithmetic follows
