@@ -228,8 +228,6 @@ static Example *const CODE[][2][2][2] = {TABLE(_base), TABLE(_avx2), TABLE(_avx5
 #else
 static Example *const CODE[][2][2][2] = {TABLE(_base)};
 #endif
-#define N_ISAS ((int)(sizeof CODE / sizeof CODE[0]))
-static int isa; /* the instruction set in use: an index of CODE */
 
 #define GRAIN (1 << 18) /* terms (K^2 per step) a thread is worth: starting one costs tens of microseconds */
 
@@ -320,33 +318,19 @@ done:
 
 static PyObject *forward(PyObject *self, PyObject *args) { return call(args, 0); }
 static PyObject *backward(PyObject *self, PyObject *args) { return call(args, 1); }
-static PyObject *get_isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ISA_NAMES[isa]); }
 
-static PyObject *set_isa(PyObject *self, PyObject *args) {
-    const char *name;
-    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
-    for (int i = 0; i < N_ISAS; i++) {
-        if (strcmp(name, ISA_NAMES[i]) == 0 && has_isa(i)) {
-            isa = i;
-            Py_RETURN_NONE;
-        }
-    }
-    PyErr_Format(PyExc_ValueError, "isa: %s is not one of this CPU's", name);
-    return NULL;
-}
 
 static PyMethodDef methods[] = {
     {"forward", forward, METH_VARARGS, "forward(max, double, threads, args): every step's alphas (and, Log, the kept weights)"},
     {"backward", backward, METH_VARARGS, "backward(max, double, threads, args): the gradients of init, xs and unary"},
-    {"isa", get_isa, METH_NOARGS, "isa(): the instruction set in use"},
-    {"set_isa", set_isa, METH_VARARGS, "set_isa(name): run on another of the CPU's instruction sets"},
+    ISA_METHODS
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__scan(void) {
-    for (int i = 0; i < N_ISAS; i++) if (has_isa(i)) isa = i;
+    choose_best_isa();
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "PAD_TO", PAD_TO) < 0) {
         Py_DECREF(m);

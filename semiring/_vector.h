@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 /* exp of 8 floats / 4 doubles at a time (GCC vector extensions: AVX2 where the CPU has it,
  * chosen at load time (ISA_NAMES below), else pairs of SSE2 registers): Cody-Waite reduction x = n ln2 + r, a Taylor
@@ -85,5 +86,46 @@ static int has_isa(int i) {
 static const char *const ISA_NAMES[] = {"generic"};
 static int has_isa(int i) { return i == 0; }
 #endif
+#define N_ISAS ((int)(sizeof ISA_NAMES / sizeof ISA_NAMES[0])) /* (an extension's table per set has as many rows) */
+
+/* The instruction set in use, an index of ISA_NAMES: the CPU's best when the module loads
+ * (choose_best_isa()), or the one set_isa() chose. The module's Python functions isas(), isa() and
+ * set_isa(name) below read and set it (an extension including this header includes Python.h first). */
+static int isa;
+
+static void choose_best_isa(void) {
+    for (int i = 0; i < N_ISAS; i++) if (has_isa(i)) isa = i;
+}
+
+static PyObject *isas(PyObject *self, PyObject *args) {
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < N_ISAS; i++) {
+        if (!has_isa(i)) continue;
+        PyObject *name = PyUnicode_FromString(ISA_NAMES[i]);
+        if (!name || PyList_Append(out, name) < 0) Py_CLEAR(out);
+        Py_XDECREF(name);
+    }
+    return out;
+}
+
+static PyObject *get_isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ISA_NAMES[isa]); }
+
+static PyObject *set_isa(PyObject *self, PyObject *args) {
+    const char *name;
+    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
+    for (int i = 0; i < N_ISAS; i++) {
+        if (strcmp(name, ISA_NAMES[i]) == 0 && has_isa(i)) {
+            isa = i;
+            Py_RETURN_NONE;
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "isa: %s is not one of this CPU's (isas())", name);
+    return NULL;
+}
+
+#define ISA_METHODS                                                                                         \
+    {"isas", isas, METH_NOARGS, "isas(): the instruction sets the module can run on this CPU, best last"},  \
+    {"isa", get_isa, METH_NOARGS, "isa(): the instruction set in use (the CPU's best unless set_isa chose another)"}, \
+    {"set_isa", set_isa, METH_VARARGS, "set_isa(name): run on one of isas()"},
 
 #endif

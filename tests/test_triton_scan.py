@@ -21,6 +21,8 @@ import semiring as sr
 from semiring import triton_scan
 from semiring.language import triton_levels
 from structures import EmissionCRF
+from scans import SHAPES, states_and_gradients
+from scans import scan_inputs as shared_inputs
 from test_triton import launches
 
 CUDA = torch.cuda.is_available()
@@ -33,12 +35,6 @@ pytestmark = [pytest.mark.triton,
               pytest.mark.skipif(CUDA and os.environ.get("TRITON_INTERPRET") == "1",
                                  reason="TRITON_INTERPRET=1 beside a GPU: the interpreter cannot read device buffers")]
 
-SHAPES = {  # (xs's batch, xs's steps): which of [B, T, K, K] the matrices vary along (Semiring.scan's two forms)
-    "a matrix per step and example": (True, True),
-    "one matrix for every step and example": (False, False),
-}
-
-
 def using(triton: bool):
     """Runs inside take the scan kernel (in the interpreter without CUDA), or the torch calls."""
     if not triton:
@@ -46,30 +42,17 @@ def using(triton: bool):
     return contextlib.nullcontext() if CUDA else triton_levels.interpreted()
 
 
-def scan_inputs(shape: str, unary: bool, dtype, B=3, T=6, K=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    per_example, per_step = SHAPES[shape]
-    xs = torch.randn(B if per_example else 1, T if per_step else 1, K, K, generator=g, dtype=dtype)
-    xs[..., 1, 2] = float("-inf")  # a forbidden transition
-    xs[..., :, 4] = float("-inf")  # and a state no path reaches (without a unary to revive it)
-    init = torch.randn(B, K, generator=g, dtype=dtype)
-    u = torch.randn(B, T, K, generator=g, dtype=dtype) if unary or not per_step else None
-    return [t.to(DEVICE) if t is not None else None for t in (init, xs, u)]
+def scan_inputs(shape: str, unary: bool, dtype, **sizes):
+    return shared_inputs(shape, unary, dtype, device=DEVICE, **sizes)
 
 
 def run(semiring, init, xs, u, triton: bool):
-    """The states, and the gradients of (init, xs, u) against a fixed weighting of every state."""
-    leaves = [t.clone().requires_grad_() if t is not None else None for t in (init, xs, u)]
-    with using(triton):
+    """The states, and the gradients of (init, xs, u) (Max: a best path's backtrace)."""
+    def check(*leaves):
         assert triton_scan.applies(*leaves) == triton
-        alphas = semiring.scan(*leaves)
-        weight = torch.linspace(-1, 1, alphas.numel(), dtype=alphas.dtype, device=alphas.device).reshape(alphas.shape)
-        if semiring is sr.Max:  # the backtrace of one best end state per example
-            weight = torch.zeros_like(alphas)
-            weight[:, -1, 0] = 1.0
-        grads = torch.autograd.grad((torch.where(alphas.isfinite(), alphas, 0) * weight).sum(),
-                                    [t for t in leaves if t is not None])
-    return alphas.detach(), grads
+
+    with using(triton):
+        return states_and_gradients(semiring, init, xs, u, "one end state" if semiring is sr.Max else "every state", check)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -885,8 +885,6 @@ static Examples *const ISA_CODE[] = {examples_base, examples_avx2, examples_avx5
 #else
 static Examples *const ISA_CODE[] = {examples_base};
 #endif
-#define N_ISAS ((int)(sizeof ISA_CODE / sizeof ISA_CODE[0]))
-static int isa; /* the instruction set in use: an index of ISA_CODE */
 
 /* A level's run as parts, part j the examples [B j / parts, B (j + 1) / parts), on up to n threads,
  * thread i with scratch i */
@@ -1037,45 +1035,20 @@ done:
 static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); }
 static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1); }
 
-static PyObject *isas(PyObject *self, PyObject *args) {
-    PyObject *out = PyList_New(0);
-    for (int i = 0; out && i < N_ISAS; i++) {
-        if (!has_isa(i)) continue;
-        PyObject *name = PyUnicode_FromString(ISA_NAMES[i]);
-        if (!name || PyList_Append(out, name) < 0) Py_CLEAR(out);
-        Py_XDECREF(name);
-    }
-    return out;
-}
 
-static PyObject *get_isa(PyObject *self, PyObject *args) { return PyUnicode_FromString(ISA_NAMES[isa]); }
 
-static PyObject *set_isa(PyObject *self, PyObject *args) {
-    const char *name;
-    if (!PyArg_ParseTuple(args, "s", &name)) return NULL;
-    for (int i = 0; i < N_ISAS; i++) {
-        if (strcmp(name, ISA_NAMES[i]) == 0 && has_isa(i)) {
-            isa = i;
-            Py_RETURN_NONE;
-        }
-    }
-    PyErr_Format(PyExc_ValueError, "isa: %s is not one of this CPU's (isas())", name);
-    return NULL;
-}
 
 static PyMethodDef methods[] = {
     {"forward", forward, METH_VARARGS, "forward(max, double, B, threads, table, level): the level's items into their heads"},
     {"backward", backward, METH_VARARGS, "backward(max, double, B, threads, table, grads, level): the level's gradients"},
-    {"isas", isas, METH_NOARGS, "isas(): the instruction sets the kernel can run on this CPU, best last"},
-    {"isa", get_isa, METH_NOARGS, "isa(): the instruction set in use (the CPU's best unless set_isa chose another)"},
-    {"set_isa", set_isa, METH_VARARGS, "set_isa(name): run on one of isas()"},
+    ISA_METHODS
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernel", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__kernel(void) {
-    for (int i = 0; i < N_ISAS; i++) if (has_isa(i)) isa = i;
+    choose_best_isa();
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddIntConstant(m, "GRAIN", GRAIN) < 0 || PyModule_AddIntConstant(m, "threaded", THREADED) < 0)) {
         Py_DECREF(m);
