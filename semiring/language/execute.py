@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -276,9 +277,12 @@ class Run:
         return self.semiring.scan(*self.scan_inputs(scan, read))
 
     def native_scan(self, scan: Scan, buf: dict[str, Tensor], keep: bool) -> "_NativeScan | None":
-        """A run of chain levels by the C scan called directly, where the kernel runs the other
-        levels (its autograd node and the graph's replay cost more than a short chain's levels):
-        what its backward needs, or None where the C scan does not take it."""
+        """A run of chain levels by the native scan of the levels' path called directly (the C scan
+        where the kernel runs the other levels, the Triton scan where its kernels do): no autograd
+        node, no replay of its graph, which cost more than a short chain's levels. What its backward
+        needs, or None where the scan does not take it (the autograd path runs instead)."""
+        if self.native is None:
+            return None
         shape = []
 
         def read(v: View) -> Tensor:
@@ -287,13 +291,22 @@ class Run:
             return t
 
         init, xs, unary = self.scan_inputs(scan, read)
-        if not cpu_scan.applies(init, xs, unary, keep=keep and type(self.semiring) is LogSemiring):
-            return None
         is_max = type(self.semiring) is MaxSemiring
-        if keep and is_max and scan.init.source in self.plan.shapes:
-            init = init.clone()  # (the Max backward reads it; the chart's buffer changes before)
-        alphas, weights, sums = cpu_scan.forward(init, xs, unary, is_max, keep)
-        return _NativeScan(init, xs, unary, alphas, weights, sums, tuple(shape[0]))
+        if self.native is kernel and cpu_scan.applies(init, xs, unary, keep=keep and not is_max):
+            reads_init = is_max  # (the C Log backward reads only the kept weights)
+        elif self.native is triton_levels and triton_scan.applies(init, xs, unary):
+            reads_init = True
+        else:
+            return None
+        if keep and reads_init and scan.init.source in self.plan.shapes:
+            init = init.clone()  # (the chart's buffer changes before the backward)
+        if self.native is kernel:
+            alphas, weights, sums = cpu_scan.forward(init, xs, unary, is_max, keep)
+            backward = lambda g: cpu_scan.backward(init, xs, unary, alphas, weights, sums, g, is_max)  # noqa: E731
+        else:
+            alphas, base = triton_scan.forward(init, xs, unary, is_max)
+            backward = lambda g: triton_scan.backward(init, xs, unary, alphas, base, g, is_max)  # noqa: E731
+        return _NativeScan(alphas, backward, tuple(shape[0]))
 
     def forward(self, elements: list[Tensor], dual: bool = False, keep: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """Every level into the buffers: (goal ``[*, B]``, the buffers with the inputs). ``keep``:
@@ -315,7 +328,7 @@ class Run:
                 continue
             if lev in scans:
                 scan = scans[lev]
-                native = self.native_scan(scan, buf, keep) if self.native is kernel else None
+                native = self.native_scan(scan, buf, keep)
                 if native is not None:
                     alphas, self.kept[lev] = native.alphas, native
                 else:
@@ -376,7 +389,7 @@ class Run:
                     g = g + self.view(grads[v.source], v)
                 kept = self.kept[scan.start]
                 if isinstance(kept, _NativeScan):
-                    found = kept.backward(g, type(self.semiring) is MaxSemiring)
+                    found = kept.backward(g)
                     leaves = [scan.init, scan.matrix, scan.unary]
                 else:
                     alphas, leaves = kept
@@ -527,21 +540,17 @@ def native(semiring: Semiring, inputs):
 
 @dataclass
 class _NativeScan:
-    """What the C scan's backward reads (:meth:`Run.native_scan`): its inputs, states and kept
-    weights, and the shape of the view of the matrices (one matrix for every level: read once)."""
+    """A run of chain levels by a native scan (:meth:`Run.native_scan`): its states, its backward
+    (the states' gradient -> those of ``(init, xs, unary)``) and the shape of the view of the
+    matrices (one matrix for every level: read once)."""
 
-    init: Tensor
-    xs: Tensor
-    unary: Tensor | None
     alphas: Tensor
-    weights: Tensor | None
-    sums: Tensor | None
+    scan_backward: Callable[[Tensor], tuple[Tensor, Tensor, Tensor | None]]
     read_shape: tuple[int, ...]
 
-    def backward(self, grad: Tensor, is_max: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    def backward(self, grad: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
         """The gradients of the views of ``(init, matrix, unary)`` from the states' ``grad``."""
-        g_init, g_xs, g_unary = cpu_scan.backward(self.init, self.xs, self.unary, self.alphas, self.weights,
-                                                  self.sums, grad, is_max)
+        g_init, g_xs, g_unary = self.scan_backward(grad)
         if g_xs.shape[-3] != self.read_shape[-3]:  # (its levels' view repeats the one matrix: the sum is had once)
             g_xs = torch.cat([g_xs, g_xs.new_zeros(*g_xs.shape[:-3], self.read_shape[-3] - 1, *g_xs.shape[-2:])], -3)
         return g_init, g_xs, g_unary
