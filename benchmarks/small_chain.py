@@ -11,6 +11,9 @@ Rows: ``LinearChainCRF`` marginals (forward + backward) per size, round-robin in
   rescaled to sum 1): what a hand-written kernel for this one structure costs. Compiled before timing;
   skipped without numba (``pip install numba``).
 * **torch-struct** 0.5's ``LinearChainCRF`` (``pip install -e '.[bench]'``; skipped without it).
+* **SynJax**'s ``LinearChainCRF`` (jitted, float32), in its worker process on the same core
+  (:mod:`benchmarks.synjax_peer`; skipped without its venv, docs/benchmarks.md says how to make it).
+  The process is pinned to one core first (``benchmarks.common.pin_one_core``).
 
 Every implementation is checked to give the same marginals before it is timed. Then the accuracy
 table: float32 marginals at N = 4096 (randn potentials, two scales) against float64's, ours and the
@@ -24,7 +27,8 @@ from typing import Callable
 
 import torch
 
-from benchmarks.common import machine_info, markdown_table, side_by_side_options, time_round_robin
+from benchmarks.common import machine_info, markdown_table, pin_one_core, side_by_side_options, time_round_robin
+from benchmarks.synjax_peer import SynJax
 from structures import LinearChainCRF
 
 B, C = 4, 16
@@ -87,7 +91,9 @@ def floor_marginals() -> Callable | None:
     return lambda x: torch.from_numpy(marginals(x.numpy()))
 
 
-def implementations(N: int, seed: int = 0) -> dict[str, Callable[[], torch.Tensor]]:
+def implementations(N: int, synjax=None, seed: int = 0) -> dict[str, Callable[[], object]]:
+    """Zero-argument calls of every implementation on the same ``[B, N-1, C, C]`` potentials (SynJax's
+    returns its lap; its result, :func:`check`'s, comes from its first call)."""
     x = torch.randn(B, N - 1, C, C, generator=torch.Generator().manual_seed(seed))
     impls = {"ours": lambda: LinearChainCRF(x).marginals}
     floor = floor_marginals()
@@ -99,18 +105,23 @@ def implementations(N: int, seed: int = 0) -> dict[str, Callable[[], torch.Tenso
         impls["torch-struct"] = lambda: torch_struct.LinearChainCRF(x_t).marginals.transpose(-1, -2)
     except ImportError:
         pass
+    if synjax is not None:
+        call, first, _ = synjax.load("chain_marginals", x.numpy())
+        impls["SynJax"] = lambda: synjax.lap(call)
+        impls["SynJax"].result = torch.from_numpy(first)
     return impls
 
 
-def check(impls: dict[str, Callable[[], torch.Tensor]]) -> None:
+def check(impls: dict[str, Callable[[], object]]) -> None:
     expected = impls["ours"]()
     for name, fn in impls.items():
-        got = fn()
+        got = getattr(fn, "result", None)
+        got = fn() if got is None else got
         if not torch.allclose(got, expected, rtol=1e-3, atol=1e-4):
             raise SystemExit(f"{name} disagrees with ours: {(got - expected).abs().max().item():.3g}")
 
 
-def accuracy_rows() -> list[list[str]]:
+def accuracy_rows(synjax=None) -> list[list[str]]:
     rows = []
     floor = floor_marginals()
     for scale in (1.0, 3.0):
@@ -119,6 +130,8 @@ def accuracy_rows() -> list[list[str]]:
         cells = {"ours": LinearChainCRF(x.float()).marginals}
         if floor is not None:
             cells["floor (numba)"] = floor(x.float())
+        if synjax is not None:
+            cells["SynJax"] = torch.from_numpy(synjax.load("chain_marginals", x.float().numpy())[1])
         for name, m in cells.items():
             rows.append([f"randn × {scale:g}", name, f"{(m.double() - exact).abs().max().item():.2e}"])
     return rows
@@ -128,20 +141,24 @@ def main(argv=None) -> None:
     args = side_by_side_options(__doc__, argv, repeat=15, quick=f"N = {QUICK_SIZES[0]} only, 3 rounds")
     sizes, repeat = (QUICK_SIZES, 3) if args.quick else (SIZES, args.repeat)
     rows = []
-    for N in sizes:
-        impls = implementations(N)
-        check(impls)
-        times = time_round_robin(impls, repeat=repeat, budget_s=60)
-        ours = times["ours"]
-        rows += [[f"marginals B{B} N{N} C{C}", f"{ours.ms:.2f}", peer, f"{times[peer].ms:.2f}",
-                  f"**{times[peer].median / ours.median:.2f}×**", f"{times[peer].min / ours.min:.2f}×"]
-                 for peer in impls if peer != "ours"]
+    core = pin_one_core()
+    with SynJax.running() as synjax:
+        for N in sizes:
+            impls = implementations(N, synjax)
+            check(impls)
+            times = time_round_robin(impls, repeat=repeat, budget_s=60)
+            ours = times["ours"]
+            rows += [[f"marginals B{B} N{N} C{C}", f"{ours.ms:.2f}", peer, f"{times[peer].ms:.2f}",
+                      f"**{times[peer].median / ours.median:.2f}×**", f"{times[peer].min / ours.min:.2f}×"]
+                     for peer in impls if peer != "ours"]
+        accuracy = accuracy_rows(synjax) if not args.quick else []
     print(markdown_table(["", ""], [[k, v] for k, v in machine_info().items()]))
+    print(f"(every implementation on core {core})")
     print()
     print(markdown_table(["benchmark", "ours (ms)", "peer", "peer (ms)", "peer / ours", "ratio of minimums"], rows, "lllrrr"))
     print()
-    if not args.quick:
-        print(markdown_table(["float32 at N = 4096, C = 16", "implementation", "max |float32 - float64|"], accuracy_rows(), "llr"))
+    if accuracy:
+        print(markdown_table(["float32 at N = 4096, C = 16", "implementation", "max |float32 - float64|"], accuracy, "llr"))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ class SynJax:
     def load(self, task: str, x: np.ndarray, single_root: bool = False, kind: str | None = None) -> tuple[int, np.ndarray, float]:
         """Prepare ``task`` (``log_partition``, ``marginals`` or ``mst`` on ``x [B, n+1, n+1]``;
         ``alignment_log_partition`` or ``alignment_marginals`` on ``x [B, n, m]`` with ``kind`` its
-        ``alignment_type``): ``(id, result of the first call, seconds of the first call, compile
+        ``alignment_type``; ``chain_marginals`` on our ``x [B, N-1, C, C]``): ``(id, result of the first call, seconds of the first call, compile
         included)``."""
         self._files += 1
         src = os.path.join(self._dir.name, f"x{self._files}.npz")

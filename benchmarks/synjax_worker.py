@@ -10,7 +10,10 @@ object per line on stdin, one answer per line on stdout.
   makes the first call (jit / numba compile included), writes the result to ``out`` (``value``)
   and answers ``{"id": k, "first_s": seconds}``. T ``alignment_log_partition`` or
   ``alignment_marginals`` with ``"kind": "monotone_many_to_many"`` or ``"monotone_one_to_many"``:
-  its ``AlignmentCRF`` (jitted, float32) on ``x`` ``[B, n, m]``.
+  its ``AlignmentCRF`` (jitted, float32) on ``x`` ``[B, n, m]``. T ``chain_marginals``: its
+  ``LinearChainCRF`` (jitted, float32) on our ``x [B, N-1, C, C]`` (``[b, i, from, to]``, the first
+  tag free), given as its ``[B, N, C, C]`` whose first matrix's row 0 (its initial state) is 0
+  (made before the first call); the result is its marginals of our edges, ``[:, 1:]``.
 * ``{"op": "lap", "id": k}``: one more call, timed here (inputs on the device, the result blocked
   on, no transfer), answers ``{"s": seconds}``.
 * ``{"op": "quit"}``.
@@ -41,6 +44,11 @@ def _call(task: str, single_root: bool, x: np.ndarray, kind: str | None = None):
 
         fn = jax.jit(align)
         dev = jnp.asarray(x, dtype=jnp.float32)
+        return lambda: jax.block_until_ready(fn(dev))
+    if task == "chain_marginals":
+        fn = jax.jit(lambda lp: synjax.LinearChainCRF(lp).marginals()[:, 1:])
+        first = np.zeros((x.shape[0], 1, *x.shape[2:]), dtype=np.float32)  # rows other than 0 are ignored
+        dev = jnp.asarray(np.concatenate([first, x.astype(np.float32)], 1))
         return lambda: jax.block_until_ready(fn(dev))
     if task == "mst":
         lengths = np.full(x.shape[0], x.shape[-1])  # SynJax counts the root
