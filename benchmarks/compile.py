@@ -202,26 +202,23 @@ def job_chain(B: int, N: int, C: int, repeat: int) -> dict:
     return {name: {"median": x.median, "min": x.min, "runs": x.runs} for name, x in t.items()}
 
 
-def job_rules(R: int) -> dict:
+def _compile_and_call(text: str, a: torch.Tensor) -> dict:
+    """Seconds of ``semiring.program(text)`` and of its first call on input ``a``."""
     _warm_up_process()
-    text, a = chain_of_charts(R), torch.zeros(1, 8)
     t0 = time.perf_counter()
     prog = semiring.program(text)
     t1 = time.perf_counter()
     prog(a=a)
     t2 = time.perf_counter()
     return {"program": t1 - t0, "first_call": t2 - t1}
+
+
+def job_rules(R: int) -> dict:
+    return _compile_and_call(chain_of_charts(R), torch.zeros(1, 8))
 
 
 def job_long(T: int) -> dict:
-    _warm_up_process()
-    text, a = long_rule(T), torch.zeros(1, 2, 2)
-    t0 = time.perf_counter()
-    prog = semiring.program(text)
-    t1 = time.perf_counter()
-    prog(a=a)
-    t2 = time.perf_counter()
-    return {"program": t1 - t0, "first_call": t2 - t1}
+    return _compile_and_call(long_rule(T), torch.zeros(1, 2, 2))
 
 
 JOBS: dict[str, Callable[..., dict]] = {"lengths": job_lengths, "rss": job_rss, "pcfg": job_pcfg,
