@@ -15,7 +15,7 @@
  * gradient goes to its first best predecessor.
  *
  * Arguments: forward(max, double, threads, args), backward(max, double, threads, args), args an int64
- * buffer (cpu_scan.py's Scan): B, N (steps), K (states), flags (1: unary, 2: keep the weights, 4: one
+ * buffer (cpu_scan.py's _args): B, N (steps), K (states), flags (1: unary, 2: keep the weights, 4: one
  * matrix gradient per example, not per step), then (address, strides) of init [B, K], xs [B, N, K, K]
  * (stride 0 where broadcast), unary [B, N, K], and the addresses of alphas [B, N, K], weights
  * [B, N, K, KP] (KP: K padded to the vector width), sums [B, N, K], grad [B, N, K], g_init [B, K],
@@ -82,7 +82,8 @@ TARGET static void terms_##SUFFIX##ISA(const Args *a, const R *x, const R *d, R 
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-TARGET static void log_forward_##SUFFIX##ISA(const Args *a, int64_t b, R *scratch) {                       \
+TARGET static void log_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *room_) {                      \
+    R *scratch = room_;                                                                                     \
     const int64_t N = a->N, K = a->K, KP = PAD(K);                                                          \
     R *tile = scratch, *d = tile + K * KP, *m = d + KP, *s = m + KP, *e = s + KP;                          \
     const R *init = (const R *)a->init + b * a->si[0];                                                      \
@@ -118,7 +119,8 @@ TARGET static void log_forward_##SUFFIX##ISA(const Args *a, int64_t b, R *scratc
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-TARGET static void log_backward_##SUFFIX##ISA(const Args *a, int64_t b, R *scratch) {                      \
+TARGET static void log_backward_##SUFFIX##ISA(const Args *a, int64_t b, void *room_) {                     \
+    R *scratch = room_;                                                                                     \
     const int64_t N = a->N, K = a->K, KP = PAD(K);                                                          \
     R *carry = scratch, *next = carry + KP, *q = next + KP;                                                 \
     for (int64_t c = 0; c < KP; c++) carry[c] = q[c] = 0;                                                  \
@@ -159,7 +161,8 @@ TARGET static void log_backward_##SUFFIX##ISA(const Args *a, int64_t b, R *scrat
     memcpy((R *)a->g_init + b * K, carry, K * sizeof(R));                                                   \
 }                                                                                                           \
                                                                                                             \
-TARGET static void max_forward_##SUFFIX##ISA(const Args *a, int64_t b, R *scratch) {                       \
+TARGET static void max_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *room_) {                      \
+    R *scratch = room_;                                                                                     \
     const int64_t N = a->N, K = a->K, KP = PAD(K);                                                          \
     R *tile = scratch, *d = tile + K * KP, *m = d + KP;                                                     \
     const R *init = (const R *)a->init + b * a->si[0];                                                      \
@@ -172,7 +175,8 @@ TARGET static void max_forward_##SUFFIX##ISA(const Args *a, int64_t b, R *scratc
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
-TARGET static void max_backward_##SUFFIX##ISA(const Args *a, int64_t b, R *scratch) {                      \
+TARGET static void max_backward_##SUFFIX##ISA(const Args *a, int64_t b, void *room_) {                     \
+    R *scratch = room_;                                                                                     \
     const int64_t N = a->N, K = a->K, KP = PAD(K);                                                          \
     R *carry = scratch, *next = carry + KP, *g = next + KP, *d = g + KP;                                   \
     for (int64_t c = 0; c < K; c++) carry[c] = 0;                                                          \
@@ -219,10 +223,10 @@ ALL_SCANS(_avx512, AVX512)
 typedef void Example(const Args *a, int64_t b, void *scratch);
 /* per instruction set: {log, max} x {forward, backward} x {float, double} */
 #define TABLE(ISA)                                                                                        \
-    {{{(Example *)log_forward_f32##ISA, (Example *)log_forward_f64##ISA},                                \
-      {(Example *)log_backward_f32##ISA, (Example *)log_backward_f64##ISA}},                             \
-     {{(Example *)max_forward_f32##ISA, (Example *)max_forward_f64##ISA},                                \
-      {(Example *)max_backward_f32##ISA, (Example *)max_backward_f64##ISA}}}
+    {{{log_forward_f32##ISA, log_forward_f64##ISA},                                \
+      {log_backward_f32##ISA, log_backward_f64##ISA}},                             \
+     {{max_forward_f32##ISA, max_forward_f64##ISA},                                \
+      {max_backward_f32##ISA, max_backward_f64##ISA}}}
 #if ISAS_X86
 static Example *const CODE[][2][2][2] = {TABLE(_base), TABLE(_avx2), TABLE(_avx512)};
 #else
@@ -260,9 +264,10 @@ static void *run_part(void *arg) {
 /* every example, split across up to `threads` threads; 0 where scratch could not be had */
 static int run_all(const Args *a, Example *run, int64_t size, int64_t threads) {
     int64_t n = a->B * a->N * a->K * a->K / GRAIN;
-    n = !THREADED || threads < n ? (THREADED ? threads : 1) : n;
-    n = n > a->B ? a->B : n < 1 ? 1 : n;
+    if (!THREADED || threads < n) n = THREADED ? threads : 1;
+    if (n > a->B) n = a->B;
     if (n > 64) n = 64;
+    if (n < 1) n = 1;
     Part parts[64];
     for (int64_t i = 0; i < n; i++) parts[i] = (Part){a, run, a->B * i / n, a->B * (i + 1) / n, size, 0};
 #if THREADED
