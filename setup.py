@@ -11,7 +11,8 @@ THREADS = ["-pthread"] if os.name == "posix" else []
 
 setup(ext_modules=[
     Extension("structures.spanning.decode._tarjan_c", ["structures/spanning/decode/_tarjan.c"], optional=True),
-    Extension("structures.spanning._matrix_tree_c", ["structures/spanning/_matrix_tree_c.c"], optional=True),
+    Extension("structures.spanning._matrix_tree_c", ["structures/spanning/_matrix_tree_c.c"], optional=True,
+              depends=["semiring/_vector.h"]),
     Extension("semiring.language._kernel", ["semiring/language/_kernel.c"], optional=True, depends=["semiring/_vector.h"],
               extra_compile_args=THREADS, extra_link_args=THREADS),
     Extension("semiring._scan", ["semiring/_scan.c"], optional=True, depends=["semiring/_vector.h"],

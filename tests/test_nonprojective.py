@@ -80,17 +80,30 @@ def gen(seed: int) -> torch.Generator:
 ROOTS = pytest.mark.parametrize("single_root", [False, True], ids=["multi", "single"])
 
 
-@pytest.fixture(params=["lapack", "c"])
+try:
+    from structures.spanning import _matrix_tree_c
+
+    C_PATHS = [f"c-{isa}" for isa in _matrix_tree_c.isas()]
+except ImportError:
+    C_PATHS = ["c"]
+
+
+@pytest.fixture(params=["lapack", *C_PATHS])
 def fast_path(request, monkeypatch):
     """The fast paths by torch and LAPACK (the certified path; log Z alone from the factors), or by
-    the C extension (the same certified path for the marginals; log Z alone by the exact
-    elimination), which is skipped where the extension is not built."""
+    the C extension on each instruction set the CPU runs (the same certified path for the
+    marginals; log Z alone by the exact elimination), which is skipped where the extension is not
+    built."""
     import structures.spanning._tree_partition as partition
 
     if request.param == "lapack":
         monkeypatch.setattr(partition, "_matrix_tree_c", None)
     elif partition._matrix_tree_c is None:
         pytest.skip("the C extension structures.spanning._matrix_tree_c is not built (setup.py build_ext --inplace)")
+    else:
+        was = partition._matrix_tree_c.isa()
+        partition._matrix_tree_c.set_isa(request.param[2:])
+        request.addfinalizer(lambda: partition._matrix_tree_c.set_isa(was))
     return request.param
 
 
@@ -253,6 +266,47 @@ def test_fast_path_on_mixed_lengths_matches_high_precision(single_root, fast_pat
             assert abs(float(z[b]) - ref_z) <= 1e-9 and abs(float(z_alone[b]) - ref_z) <= 1e-9
             assert (mu[b, : n + 1, : n + 1] - ref_mu).abs().max() <= 1e-9
             assert mu[b, n + 1 :].abs().sum() == 0 and mu[b, :, n + 1 :].abs().sum() == 0
+
+
+@ROOTS
+@pytest.mark.parametrize("marginals", [False, True], ids=["log_partition", "marginals"])
+def test_c_path_splits_the_batch_across_threads_with_the_same_bits(single_root, marginals, monkeypatch):
+    """With torch's threads the C call runs as several calls over parts of the batch, on a pool,
+    and every example comes out bit for bit as on one thread (lengths and NaN examples included)."""
+    import structures.spanning._tree_partition as partition
+
+    if partition._matrix_tree_c is None:
+        pytest.skip("the C extension structures.spanning._matrix_tree_c is not built")
+    g = gen(40 + single_root)
+    theta = torch.randn(7, 12, 12, generator=g) * 3
+    theta[4, 2, 5] = math.nan
+    lengths = torch.tensor([11, 3, 1, 7, 11, 5, 9])
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            def call(*args):
+                calls.append(args[2])  # the part's number of examples
+                return getattr(partition._matrix_tree_c_module, name)(*args)
+
+            return call
+
+    monkeypatch.setattr(partition, "_matrix_tree_c_module", partition._matrix_tree_c, raising=False)
+    monkeypatch.setattr(partition, "_matrix_tree_c", Counting())
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = partition._in_c(theta, lengths, single_root, marginals)
+        assert calls == [7]
+        monkeypatch.setattr(partition, "_THREAD_WORK", 1)
+        torch.set_num_threads(3)
+        three = partition._in_c(theta, lengths, single_root, marginals)
+    finally:
+        torch.set_num_threads(was)
+    assert sorted(calls[1:]) == [2, 2, 3]
+    assert not one[2][4]  # the NaN example
+    for a, b in zip(one, three):
+        assert (a is None and b is None) or torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
 # ============================================================================== padding and constraints

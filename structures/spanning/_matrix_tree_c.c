@@ -2,7 +2,7 @@
  * uses them on the CPU where this optional extension is built; without it the torch paths run):
  *
  * - log_partition: log Z by the subtraction-free elimination of structures/_matrix_tree.py
- *   (Grassmann, Taksar & Heyman 1985) one word at a time (eight per pass over a row): the pivot of word k is its margin plus
+ *   (Grassmann, Taksar & Heyman 1985) one word at a time, in panels of eight: the pivot of word k is its margin plus
  *   its arcs from the words still kept, never a difference, and eliminating k adds
  *   A_ik A_kj / d_k to the arcs and g_k A_kj / d_k to the margins. Every quantity is a sum of
  *   products of non-negative numbers, so log Z = Σ log d_k (plus the column shifts) is exact to
@@ -12,8 +12,8 @@
  *
  * - marginals: log Z and the marginals by the certified LAPACK-style path of
  *   structures/_certified.py, with the same a-posteriori error bound: LU of the Laplacian without
- *   row exchanges, X = M^{-1} by forward and back substitution on the identity's columns (eight
- *   eliminations or substitutions per pass over a row, 16 columns at a time), Koo et al.'s
+ *   row exchanges, X = M^{-1} by forward and back substitution on the identity's columns (panels of eight
+ *   substitutions, 16 columns at a time), Koo et al.'s
  *   formulas (single root: the words rooted at c0 and a rank-one correction). ok[b] = 0 where the bound does not certify every answer within TOL; the caller computes those
  *   examples by the exact path. The bound here uses the computed |L| column sums and row maxima of
  *   |X| instead of their a-priori values (no sign assumption on the computed factors), and adds
@@ -24,8 +24,12 @@
  * words: example b is its leading (lengths[b]+1)^2 block, padding contributes nothing; empty:
  * every example n1-1 words), and write float64 logz [B] and uint8 ok [B]; marginals also writes
  * float64 mu [B, n1, n1] (0 off each example's arcs). Each word's scores are shifted by their max before exp: the weights lie in
- * [0, 1], the exp below is within a few ulps, and the shift's rounding is below 708 u relative;
+ * [0, 1], the exp (_vector.h's) is within a few ulps, and the shift's rounding is below 708 u relative;
  * an example with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
+ *
+ * The work is the updates of the rows below each panel (rank_update: four rows by eight columns in
+ * registers) and the exps. The batch drivers are compiled for each of _vector.h's instruction
+ * sets, the CPU's best chosen when the module loads (isas(), isa(), set_isa(name)).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,53 +38,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../semiring/_vector.h"
+
 #define LOW 1e-250         /* log_partition: a smaller pivot is an underflow (or no tree) */
 #define TOL 1e-9           /* marginals: certified absolute error of log Z and every marginal */
 #define UNIT 0x1p-53       /* unit roundoff of float64 */
 #define WEIGHT_ERR (720 * UNIT) /* relative error of a weight: exp (< 8 u) and the shift (< 708 u) */
-#define KB 8               /* eliminations (and substitutions) applied to a row in one pass */
-
-#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
-#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define VECTOR_CLONES
-#endif
+#define KB 8               /* a panel: the eliminations (or substitutions) applied to the rows below it together */
 
 typedef Py_ssize_t idx;
 
 /* the helpers are inlined into the batch drivers, which are compiled once per instruction set */
 #define INLINE static inline __attribute__((always_inline))
 
-/* exp(x) for x <= 0 (or -inf): Cody-Waite reduction x = k ln2 + r, |r| <= ln2/2, Taylor polynomial
- * of degree 13 (truncation below 1e-17 relative), 2^k from the exponent bits. Branch-free, so that
- * loops over it vectorize. Below -708 it gives 0. */
-INLINE double exp_nonpositive(double x) {
-    const double c = x < -708.0 ? -708.0 : x;
-    const double magic = 6755399441055744.0; /* 1.5 * 2^52: adding it rounds to an integer */
-    const double fk = c * 1.4426950408889634074 + magic;
-    int64_t bits;
-    memcpy(&bits, &fk, sizeof bits);
-    const double k = fk - magic;
-    const double r = (c - k * 6.93147180369123816490e-01) - k * 1.90821492927058770002e-10;
-    double p = 1.0 / 6227020800.0;
-    p = p * r + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    const int64_t ebits = ((bits - 0x4338000000000000LL) + 1023) << 52;
-    double scale;
-    memcpy(&scale, &ebits, sizeof scale);
-    return x < -708.0 ? 0.0 : p * scale;
-}
+INLINE vd vload(const double *p) { vd v; memcpy(&v, p, sizeof v); return v; }
+INLINE void vstore(double *p, vd v) { memcpy(p, &v, sizeof v); }
 
 /* Σ a_i b_i, Σ |a_i| b_i, Σ |a_i| and Σ a_i with eight partial sums (the order is free: the callers' bounds hold
  * for any order of summation) */
@@ -159,54 +131,75 @@ INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw
         shift += c[m];
     }
     c[0] = INFINITY; /* column 0 becomes exp(-inf) = 0 */
+    const vd zero = {0}, low = zero - 708.0, none = zero - INFINITY;
+    vid flushed = {0}; /* -1 per lane and weight flushed to 0 */
     for (idx h = 0; h <= n; h++) {
         double *row = W + h * ldw;
-        for (idx m = 0; m <= n; m++) {
-            const double x = row[m] - c[m];
-            bad += (x < -708.0) & (x > -INFINITY);
-            row[m] = exp_nonpositive(x);
+        for (idx m = 0; m <= n; m += LANES_f64) {
+            const idx lanes = n + 1 - m < LANES_f64 ? n + 1 - m : LANES_f64;
+            vd x = none;
+            if (lanes == LANES_f64) x = vload(row + m) - vload(c + m);
+            else for (idx t = 0; t < lanes; t++) x[t] = row[m + t] - c[m + t];
+            flushed += (x < low) & (x > none);
+            const vd y = exp_f64(x);
+            if (lanes == LANES_f64) vstore(row + m, y);
+            else for (idx t = 0; t < lanes; t++) row[m + t] = y[t];
         }
     }
+    for (int t = 0; t < LANES_f64; t++) bad += flushed[t] != 0;
     return bad ? NAN : shift;
 }
 
-/* y[i] += a Σ_k y_k L[k, i] over the panel k0..k1-1, for i in [i0, i1) (y_k = y[k], a = ±1):
- * one pass over y for KB eliminations or substitutions. The panel's terms are summed as a tree, not
- * one after another: the error bounds of the LU factors and the substitutions hold for any order
- * of summation, and the elimination's terms are non-negative. */
-INLINE void axpy_panel(double *restrict y, const double *L, idx n, idx k0, idx k1, idx i0, idx i1, double a) {
-    if (k1 - k0 == KB) {
-        const double c0 = a * y[k0], c1 = a * y[k0 + 1], c2 = a * y[k0 + 2], c3 = a * y[k0 + 3];
-        const double c4 = a * y[k0 + 4], c5 = a * y[k0 + 5], c6 = a * y[k0 + 6], c7 = a * y[k0 + 7];
-        const double *restrict l0 = L + k0 * n, *restrict l1 = l0 + n, *restrict l2 = l1 + n, *restrict l3 = l2 + n;
-        const double *restrict l4 = l3 + n, *restrict l5 = l4 + n, *restrict l6 = l5 + n, *restrict l7 = l6 + n;
-        for (idx i = i0; i < i1; i++)
-            y[i] += ((c0 * l0[i] + c1 * l1[i]) + (c2 * l2[i] + c3 * l3[i])) + ((c4 * l4[i] + c5 * l5[i]) + (c6 * l6[i] + c7 * l7[i]));
-    } else {
-        for (idx k = k0; k < k1; k++) {
-            const double c = a * y[k];
-            const double *restrict l = L + k * n;
-            for (idx i = i0; i < i1; i++) y[i] += c * l[i];
+/* Y[j, i] += sign Σ_k Y[j, k] F[k, i] over the panel k0..k1-1, for the rows j0..j1-1 and the columns
+ * i0..i1-1 (Y and F of row stride n, possibly one matrix: the rows j are not the panel's rows, the
+ * columns i not its columns): the updates of the rows below a panel (LU, elimination) or a block
+ * of substitutions, four rows by eight columns at a time in registers, each entry's terms added
+ * in the panel's order. The callers' error bounds hold for any order of summation, and the
+ * elimination's terms are non-negative. */
+INLINE void rank_update(double *Y, const double *F, idx n, idx j0, idx j1, idx k0, idx k1, idx i0, idx i1, double sign) {
+#define MAC(acc, c, f) acc = sign > 0 ? acc + (c) * (f) : acc - (c) * (f) /* sign is a constant where this is inlined */
+    idx j = j0;
+    for (; j + 4 <= j1; j += 4) {
+        double *y0 = Y + j * n, *y1 = y0 + n, *y2 = y1 + n, *y3 = y2 + n;
+        idx i = i0;
+        for (; i + 2 * LANES_f64 <= i1; i += 2 * LANES_f64) {
+            vd a0 = vload(y0 + i), a1 = vload(y1 + i), a2 = vload(y2 + i), a3 = vload(y3 + i);
+            vd b0 = vload(y0 + i + LANES_f64), b1 = vload(y1 + i + LANES_f64);
+            vd b2 = vload(y2 + i + LANES_f64), b3 = vload(y3 + i + LANES_f64);
+            for (idx k = k0; k < k1; k++) {
+                const vd f = vload(F + k * n + i), g = vload(F + k * n + i + LANES_f64);
+                /* (GCC 12 broadcasts from memory in one instruction only when the vectors are built from named scalars) */
+                const double t0 = y0[k], t1 = y1[k], t2 = y2[k], t3 = y3[k];
+                const vd c0 = {t0, t0, t0, t0}, c1 = {t1, t1, t1, t1}, c2 = {t2, t2, t2, t2}, c3 = {t3, t3, t3, t3};
+                MAC(a0, c0, f), MAC(b0, c0, g), MAC(a1, c1, f), MAC(b1, c1, g);
+                MAC(a2, c2, f), MAC(b2, c2, g), MAC(a3, c3, f), MAC(b3, c3, g);
+            }
+            vstore(y0 + i, a0), vstore(y1 + i, a1), vstore(y2 + i, a2), vstore(y3 + i, a3);
+            vstore(y0 + i + LANES_f64, b0), vstore(y1 + i + LANES_f64, b1);
+            vstore(y2 + i + LANES_f64, b2), vstore(y3 + i + LANES_f64, b3);
         }
+        for (; i < i1; i++)
+            for (idx k = k0; k < k1; k++) {
+                const double f = F[k * n + i];
+                MAC(y0[i], y0[k], f), MAC(y1[i], y1[k], f), MAC(y2[i], y2[k], f), MAC(y3[i], y3[k], f);
+            }
     }
-}
-
-/* the back substitution's pass: y[i] -= Σ_k y_k U[k, i] over the panel k0..k1-1, for i < i1 */
-INLINE void axpy_panel_down(double *restrict y, const double *U, idx n, idx k0, idx k1, idx i1) {
-    if (k1 - k0 == KB) {
-        const double c0 = y[k0], c1 = y[k0 + 1], c2 = y[k0 + 2], c3 = y[k0 + 3];
-        const double c4 = y[k0 + 4], c5 = y[k0 + 5], c6 = y[k0 + 6], c7 = y[k0 + 7];
-        const double *restrict u0 = U + k0 * n, *restrict u1 = u0 + n, *restrict u2 = u1 + n, *restrict u3 = u2 + n;
-        const double *restrict u4 = u3 + n, *restrict u5 = u4 + n, *restrict u6 = u5 + n, *restrict u7 = u6 + n;
-        for (idx i = 0; i < i1; i++)
-            y[i] -= ((c0 * u0[i] + c1 * u1[i]) + (c2 * u2[i] + c3 * u3[i])) + ((c4 * u4[i] + c5 * u5[i]) + (c6 * u6[i] + c7 * u7[i]));
-    } else {
-        for (idx k = k1 - 1; k >= k0; k--) {
-            const double c = y[k];
-            const double *restrict u = U + k * n;
-            for (idx i = 0; i < i1; i++) y[i] -= c * u[i];
+    for (; j < j1; j++) {
+        double *y = Y + j * n;
+        idx i = i0;
+        for (; i + LANES_f64 <= i1; i += LANES_f64) {
+            vd a = vload(y + i);
+            for (idx k = k0; k < k1; k++) {
+                const double t = y[k];
+                const vd c = {t, t, t, t};
+                MAC(a, c, vload(F + k * n + i));
+            }
+            vstore(y + i, a);
         }
+        for (; i < i1; i++)
+            for (idx k = k0; k < k1; k++) MAC(y[i], y[k], F[k * n + i]);
     }
+#undef MAC
 }
 
 /* The panel's own columns k0..k1-1 of the rows j0..j1-1 of X (stride n), updated for all these
@@ -301,7 +294,7 @@ INLINE double gth_log_partition(const double *W, idx ldw, idx n, int single_root
         }
         /* every later row: the panel's eliminations, its own columns (Up[k, j]) first, then one pass */
         panel_rows(T, n, k1, n, k0, k1, T, d, 1.0, g, g, P);
-        for (idx j = k1; j < n; j++) axpy_panel(T + j * n, T, n, k0, k1, k1, n, 1.0);
+        rank_update(T, T, n, k1, n, k0, k1, k1, n, 1.0);
     }
     if (!single_root) return logdet;
     /* K = (I - Lo) D (I - Up): v = (I - Up)^{-1} D^{-1} (I - Lo)^{-1} w, additions only */
@@ -348,7 +341,7 @@ INLINE double lu(double *A, idx n, double *s, double *P) {
         }
         /* every later row: the panel's updates, its own columns (U[k, j]) first, then one pass */
         panel_rows(A, n, k1, n, k0, k1, A, NULL, -1.0, NULL, NULL, P);
-        for (idx j = k1; j < n; j++) axpy_panel(A + j * n, A, n, k0, k1, k1, n, -1.0);
+        rank_update(A, A, n, k1, n, k0, k1, k1, n, -1.0);
     }
     return logdet;
 }
@@ -362,12 +355,12 @@ INLINE void solve_rows(const double *LU, const double *inv, idx n, double *Y, id
     for (idx b0 = k0; b0 < n; b0 += KB) {
         const idx b1 = b0 + KB < n ? b0 + KB : n;
         panel_rows(Y, n, 0, R, b0, b1, LU, NULL, -1.0, NULL, NULL, P);
-        for (idx r = 0; r < R; r++) axpy_panel(Y + r * n, LU, n, b0, b1, b1, n, -1.0);
+        rank_update(Y, LU, n, 0, R, b0, b1, b1, n, -1.0);
     }
     for (idx b1 = n; b1 > 0; b1 -= KB) {
         const idx b0 = b1 - KB > 0 ? b1 - KB : 0;
         panel_rows_down(Y, n, 0, R, b0, b1, LU, inv, P);
-        for (idx r = 0; r < R; r++) axpy_panel_down(Y + r * n, LU, n, b0, b1, b0);
+        rank_update(Y, LU, n, 0, R, b0, b1, 0, b0, -1.0);
     }
 }
 
@@ -530,7 +523,7 @@ static int check(Args *a, int with_mu) {
     return good;
 }
 
-VECTOR_CLONES static int run_log_partition(Args *a) {
+INLINE int log_partition_batch(Args *a) {
     const idx n1 = a->n1, N = n1 - 1;
     double *buf = malloc(sizeof(double) * (n1 * n1 + N * N + (5 + KB) * n1));
     if (!buf) return -1;
@@ -549,7 +542,7 @@ VECTOR_CLONES static int run_log_partition(Args *a) {
     return 0;
 }
 
-VECTOR_CLONES static int run_marginals(Args *a) {
+INLINE int marginals_batch(Args *a) {
     const idx n1 = a->n1, N = n1 - 1;
     double *buf = malloc(sizeof(double) * (N * N + n1 * N + (10 + KB) * n1));
     if (!buf) return -1;
@@ -585,6 +578,21 @@ VECTOR_CLONES static int run_marginals(Args *a) {
     return 0;
 }
 
+/* the batch drivers, compiled once per instruction set (_vector.h); RUN[isa][with_mu] */
+typedef int Batch(Args *a);
+#define DRIVERS(ISA, TARGET)                                                         \
+    TARGET static int log_partition##ISA(Args *a) { return log_partition_batch(a); } \
+    TARGET static int marginals##ISA(Args *a) { return marginals_batch(a); }
+DRIVERS(_base, )
+#if ISAS_X86
+DRIVERS(_avx2, AVX2)
+DRIVERS(_avx512, AVX512)
+static Batch *const RUN[][2] = {{log_partition_base, marginals_base}, {log_partition_avx2, marginals_avx2},
+                                {log_partition_avx512, marginals_avx512}};
+#else
+static Batch *const RUN[][2] = {{log_partition_base, marginals_base}};
+#endif
+
 static PyObject *entry(PyObject *args, int with_mu) {
     Args a;
     int parsed = with_mu ? PyArg_ParseTuple(args, "y*pnny*pw*w*w*", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok, &a.mu)
@@ -594,7 +602,7 @@ static PyObject *entry(PyObject *args, int with_mu) {
     if (check(&a, with_mu)) {
         int status;
         Py_BEGIN_ALLOW_THREADS
-        status = with_mu ? run_marginals(&a) : run_log_partition(&a);
+        status = RUN[isa][with_mu](&a);
         Py_END_ALLOW_THREADS
         if (status) PyErr_NoMemory(); else result = Py_None, Py_INCREF(Py_None);
     }
@@ -611,9 +619,13 @@ static PyMethodDef methods[] = {
      "log_partition(theta, is_float32, B, n1, lengths, single_root, logz, ok): exact log Z, in place."},
     {"marginals", marginals, METH_VARARGS,
      "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu): certified log Z and marginals, in place."},
+    ISA_METHODS
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_matrix_tree_c", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__matrix_tree_c(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__matrix_tree_c(void) {
+    choose_best_isa();
+    return PyModule_Create(&module);
+}
