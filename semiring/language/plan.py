@@ -255,8 +255,9 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     size.update({name: math.prod(s) for name, s in shapes.items()})
     systems = {i: sy for i, rule in enumerate(rules) if (sy := _system(rule, syntax, levels, shapes, boxes)) is not None}
     extra, levels_at = _level_ranges(systems, levels)
+    made: dict[tuple, tuple[Form, list[int | None]] | None] = {}
     forms = [f for i, sy in systems.items() if extra[i] is not None
-             and (f := _form(i, sy, extra[i], levels_at(sy), syntax, shapes, stored, chart_layouts, keys, size)) is not None]
+             and (f := _remembered_form(i, sy, extra[i], levels_at(sy), syntax, shapes, stored, chart_layouts, keys, size, made)) is not None]
     rank = {c: k for k, c in enumerate(levels.strata)}
     phases: dict[int, list[Form]] = {}
     for f in sorted((f for f in forms if f.chart != GOAL), key=lambda f: (rank[f.chart], f.index)):
@@ -541,10 +542,51 @@ def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
     return taus
 
 
+def _remembered_form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syntax, shapes,
+                     stored: dict[str, Space], chart_layouts, keys, size, made: dict) -> Form | None:
+    """:func:`_form`, computed once per :func:`_likeness`: rules that differ only in the names of the
+    charts they read and write (a chain of charts, a rule per label) share the computation, each
+    its own charts' buffers. ``made``: the forms of one plan so far."""
+    like = _likeness(sy, extra, taus, shapes, stored, chart_layouts, keys, size)
+    if like not in made:
+        made[like] = _form(i, sy, extra, taus, syntax, shapes, stored, chart_layouts, keys, size)
+    found = made[like]
+    if found is None:
+        return None
+    form, which = found
+    if form.rule is sy.rule:
+        return form
+    rule = sy.rule
+    reads = [rd if k is None else Read(keys[t.name][k], rd.offset, rd.strides, rd.gather, rd.bound, rd.lookups)
+             for t, rd, k in zip(rule.terms, form.reads, which)]
+    heads = [Read(key, rd.offset, rd.strides, rd.gather, rd.bound, rd.lookups) for key, rd in zip(keys[rule.head.name], form.heads)]
+    return Form(rule, i, rule.head.name, form.levels, form.n_free, form.sizes, reads, heads, form.masks, form.outer, form.needed)
+
+
+def _likeness(sy: System, extra: list[Affine], taus: np.ndarray, shapes, stored: dict[str, Space], chart_layouts, keys,
+              size) -> tuple:
+    """Everything :func:`_form` reads of a rule but the names of its charts (its inputs' names are
+    part of it): two rules alike in it have forms alike but for the charts' buffers."""
+
+    def term(t) -> tuple | None:
+        if t.is_one:
+            return None
+        ixs = sy.indices[id(t)]
+        looked = tuple(tuple(sy.indices[id(ix)]) for ix in ixs if isinstance(ix, Lookup))
+        if t.name in shapes:
+            return t.name, tuple(ixs), looked
+        sp = stored[t.name]
+        return tuple(sp.lo), sp.shape, tuple(chart_layouts[t.name]), tuple(size[k] for k in keys[t.name]), tuple(ixs), looked
+
+    return (tuple(sy.cons), tuple(sy.unequal), tuple(sy.order), len(sy.head_vars), tuple(extra), taus.tobytes(),
+            sy.rule.outer, term(sy.rule.head), *map(term, sy.rule.terms))
+
+
 def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syntax, shapes, stored: dict[str, Space],
-          chart_layouts, keys, size) -> Form | None:
-    """The rule at every level it fires at (``taus``, those ``extra`` allows), or None where it never
-    does at these sizes (``stored``: the boxes the charts' buffers cover)."""
+          chart_layouts, keys, size) -> tuple[Form, list[int | None]] | None:
+    """The rule at every level it fires at (``taus``, those ``extra`` allows), and per term the
+    layout of its chart read (None: an input or the one); None where it never fires at these sizes
+    (``stored``: the boxes the charts' buffers cover)."""
     code = syntax.constants
     rule, head, cons, unequal, indices = sy.rule, sy.rule.head, sy.cons + extra, sy.unequal, sy.indices
     head_vars, order = sy.head_vars, sy.order
@@ -629,18 +671,22 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
         return Read(key, offset, tuple(strides), outside, size[key], lookups)
 
     reads: list[Read | None] = []
+    layout_of: list[int | None] = []
     inner = order[-1] if len(order) > n_free else None
     for t in rule.terms:
         if t.is_one:
             reads.append(None)
+            layout_of.append(None)
         elif t.name in shapes:
             reads.append(position(t, tuple(range(len(shapes[t.name]))), t.name))
+            layout_of.append(None)
         else:
             perms, which = chart_layouts[t.name], 0
             if inner is not None:
                 moved = [d for d, ix in enumerate(indices[id(t)]) if isinstance(ix, Affine) and abs(coeff(ix, inner)) == 1]
                 which = next((k for k, p in enumerate(perms) if moved and p[-1] == moved[0]), 0)
             reads.append(position(t, perms[which], keys[t.name][which]))
+            layout_of.append(which)
     heads = [position(head, perm, key) for perm, key in zip(chart_layouts[head.name], keys[head.name])]
     keep = np.flatnonzero(fires)
     if any(h.gather[keep].any() or any(h.strides[n_free:]) for h in heads):
@@ -661,7 +707,7 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
 
     masks = [mask(e, ">=") for e in checks if e.coeffs] + [mask(e, "!=") for e in map(to_expr, unequal)]
     return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, [(m, op) for m, op, _ in masks], rule.outer,
-                [needed for _, _, needed in masks])
+                [needed for _, _, needed in masks]), layout_of
 
 
 def _unbounded(rule: Rule, var: str) -> ProgramError:
