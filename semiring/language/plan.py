@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import lru_cache, reduce
 from typing import Callable
 
 import numpy as np
@@ -124,11 +124,19 @@ class View:
 
     @staticmethod
     def strided(source: str, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool = False) -> "View":
-        narrow = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
-        broad = tuple(d for d, (s, n) in enumerate(zip(strides, sizes)) if s == 0 and n > 1)
-        whole = not gather and offset == 0 and math.prod(sizes) == bound and strides == tuple(
-            math.prod(sizes[d + 1:]) for d in range(len(sizes)))
-        return View(source, sizes, strides, offset, gather, bound, narrow, broad, not gather and _injective(strides, narrow), whole)
+        return View(source, sizes, strides, offset, gather, bound, *_geometry(sizes, strides, offset, bound, gather))
+
+
+@lru_cache(maxsize=65536)
+def _geometry(sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool
+              ) -> tuple[tuple[int, ...], tuple[int, ...], bool, bool]:
+    """A view's ``narrow``, ``broad``, ``injective`` and ``whole`` (remembered: the steps of many
+    rules and levels repeat the same geometry over different buffers)."""
+    narrow = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
+    broad = tuple(d for d, (s, n) in enumerate(zip(strides, sizes)) if s == 0 and n > 1)
+    whole = not gather and offset == 0 and math.prod(sizes) == bound and strides == tuple(
+        math.prod(sizes[d + 1:]) for d in range(len(sizes)))
+    return narrow, broad, not gather and _injective(strides, narrow), whole
 
 
 def _injective(strides, shape) -> bool:
@@ -299,7 +307,8 @@ def _stored(boxes: dict[str, Space]) -> dict[str, Space]:
         if c != GOAL and sp.size:
             h = hulls.get(len(sp.lo))
             hulls[len(sp.lo)] = sp if h is None else Space([min(a, b) for a, b in zip(h.lo, sp.lo)], [max(a, b) for a, b in zip(h.hi, sp.hi)])
-    return {c: hulls[len(sp.lo)] if c != GOAL and sp.size and hulls[len(sp.lo)].size <= 2 * sp.size else sp for c, sp in boxes.items()}
+    hull_size = {rank: h.size for rank, h in hulls.items()}
+    return {c: hulls[len(sp.lo)] if c != GOAL and (n := sp.size) and hull_size[len(sp.lo)] <= 2 * n else sp for c, sp in boxes.items()}
 
 
 def _chain(step: Step, shapes) -> tuple[View, View, View | None] | None:
@@ -383,7 +392,7 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
     def levels_of(sy: System) -> np.ndarray:
         key = (id(sy), *(ranges[t.name] for t in sy.rule.terms if t.name in ranges))
         if key not in known:
-            extra = sy.reads(levels, ranges)
+            extra = sy.reads(ranges)
             known[key] = _levels_of(sy, extra) if extra is not None else np.zeros(0, dtype=np.int64)
         return known[key]
 
@@ -409,7 +418,7 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
         if fresh == ranges:
             break
         ranges = fresh
-    return {i: sy.reads(levels, ranges) for i, sy in systems.items()}, levels_of
+    return {i: sy.reads(ranges) for i, sy in systems.items()}, levels_of
 
 
 def _written(rules: list[Rule], syntax: Syntax, shapes, boxes: dict[str, Space], labels, sweeps: int = 8) -> dict[str, Space]:
@@ -461,21 +470,20 @@ class System:
     indices: dict[int, list]  # id(term) -> its indices, the pinned variable substituted
     head_vars: list[str]  # the head's variables left (the L coordinates)
     order: list[str]  # every variable, head's first
+    read_levels: list[tuple[str, Affine, Affine]]  # per leveled chart read: its name, the level read, minus it
 
-    def reads(self, levels: Levels, ranges: dict[str, tuple[float, float]]) -> list[Affine] | None:
+    def reads(self, ranges: dict[str, tuple[float, float]]) -> list[Affine] | None:
         """Constraints that every leveled chart the rule reads is read within the levels its items
         exist at (None: a chart read has no items)."""
         out = []
-        for t in self.rule.terms:
-            if t.name in ranges:
-                lo, hi = ranges[t.name]
-                if lo > hi:
-                    return None
-                lv = levels.of(t.name, [ix for ix in self.indices[id(t)]])
-                if math.isfinite(lo):
-                    out.append(lv.shifted(-int(lo)))
-                if math.isfinite(hi):
-                    out.append(scale(lv, -1).shifted(int(hi)))
+        for chart, lv, minus in self.read_levels:
+            lo, hi = ranges[chart]
+            if lo > hi:
+                return None
+            if math.isfinite(lo):
+                out.append(lv.shifted(-int(lo)))
+            if math.isfinite(hi):
+                out.append(minus.shifted(int(hi)))
         return out
 
 
@@ -526,7 +534,9 @@ def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str,
             head_vars.remove(pinned)
     order = head_vars + summed
     order += sorted({v for e in cons + unequal for v, _ in e.coeffs} - set(order) - {TAU})  # in conditions only: summed
-    return System(rule, cons, unequal, indices, head_vars, order)
+    read_levels = [(t.name, lv, scale(lv, -1)) for t in rule.terms if t.name in levels.coeffs
+                   for lv in [levels.of(t.name, indices[id(t)])]]
+    return System(rule, cons, unequal, indices, head_vars, order, read_levels)
 
 
 def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
@@ -548,9 +558,9 @@ def _remembered_form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, 
     charts they read and write (a chain of charts, a rule per label) share the computation, each
     its own charts' buffers. ``made``: the forms of one plan so far."""
     like = _likeness(sy, extra, taus, shapes, stored, chart_layouts, keys, size)
-    if like not in made:
-        made[like] = _form(i, sy, extra, taus, syntax, shapes, stored, chart_layouts, keys, size)
-    found = made[like]
+    found = made.get(like, made)
+    if found is made:
+        found = made[like] = _form(i, sy, extra, taus, syntax, shapes, stored, chart_layouts, keys, size)
     if found is None:
         return None
     form, which = found
@@ -572,14 +582,20 @@ def _likeness(sy: System, extra: list[Affine], taus: np.ndarray, shapes, stored:
         if t.is_one:
             return None
         ixs = sy.indices[id(t)]
-        looked = tuple(tuple(sy.indices[id(ix)]) for ix in ixs if isinstance(ix, Lookup))
+        looked = tuple(_plain(sy.indices[id(ix)]) for ix in ixs if isinstance(ix, Lookup))
         if t.name in shapes:
-            return t.name, tuple(ixs), looked
+            return t.name, _plain(ixs), looked
         sp = stored[t.name]
-        return tuple(sp.lo), sp.shape, tuple(chart_layouts[t.name]), tuple(size[k] for k in keys[t.name]), tuple(ixs), looked
+        return tuple(sp.lo), sp.shape, tuple(chart_layouts[t.name]), tuple(size[k] for k in keys[t.name]), _plain(ixs), looked
 
-    return (tuple(sy.cons), tuple(sy.unequal), tuple(sy.order), len(sy.head_vars), tuple(extra), taus.tobytes(),
+    return (_plain(sy.cons), _plain(sy.unequal), tuple(sy.order), len(sy.head_vars), _plain(extra), taus.tobytes(),
             sy.rule.outer, term(sy.rule.head), *map(term, sy.rule.terms))
+
+
+def _plain(xs: list) -> tuple:
+    """Affine forms as tuples of their coefficients and constant (hashed and compared without a
+    Python call each; other indices as they are)."""
+    return tuple((x.coeffs, x.const) if isinstance(x, Affine) else x for x in xs)
 
 
 def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syntax, shapes, stored: dict[str, Space],
