@@ -30,7 +30,7 @@ import numpy as np
 from .bounds import Space, bounds, constraints, extents, index_hull, label_dims, propagate
 from .levels import Levels, static_constraints
 from .polyhedra import TAU, Infeasible, affine, bounds_of, coeff, plus, project, scale, substitute
-from .syntax import GOAL, Affine, Const, Lookup, ProgramError, Rule, Syntax
+from .syntax import GOAL, Affine, Const, Lookup, ProgramError, Rule, Syntax, Term
 
 
 @dataclass
@@ -261,7 +261,8 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     stored = _stored(boxes)
     size = {key: stored[c].size for c in charts for key in keys[c]}
     size.update({name: math.prod(s) for name, s in shapes.items()})
-    systems = {i: sy for i, rule in enumerate(rules) if (sy := _system(rule, syntax, levels, shapes, boxes)) is not None}
+    posed: dict[tuple, tuple[Rule, System | None]] = {}
+    systems = {i: sy for i, rule in enumerate(rules) if (sy := _remembered_system(rule, syntax, levels, shapes, boxes, posed)) is not None}
     extra, levels_at = _level_ranges(systems, levels)
     made: dict[tuple, tuple[Form, list[int | None]] | None] = {}
     forms = [f for i, sy in systems.items() if extra[i] is not None
@@ -387,10 +388,10 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
     charts = set(levels.coeffs)
     empty = (math.inf, -math.inf)
     ranges: dict[str, tuple[float, float]] = {c: empty for c in charts}
-    known: dict[tuple, np.ndarray] = {}  # per rule and ranges it reads: the last sweep and the plan ask again
+    known: dict[tuple, np.ndarray] = {}  # per kind of system and ranges it reads: the last sweep and the plan ask again
 
     def levels_of(sy: System) -> np.ndarray:
-        key = (id(sy), *(ranges[t.name] for t in sy.rule.terms if t.name in ranges))
+        key = (sy.kind, *(ranges[c] for c, _, _ in sy.read_levels))
         if key not in known:
             extra = sy.reads(ranges)
             known[key] = _levels_of(sy, extra) if extra is not None else np.zeros(0, dtype=np.int64)
@@ -471,6 +472,7 @@ class System:
     head_vars: list[str]  # the head's variables left (the L coordinates)
     order: list[str]  # every variable, head's first
     read_levels: list[tuple[str, Affine, Affine]]  # per leveled chart read: its name, the level read, minus it
+    kind: int = 0  # systems of one kind are equal but for the names of the rule's charts (:func:`_rule_likeness`)
 
     def reads(self, ranges: dict[str, tuple[float, float]]) -> list[Affine] | None:
         """Constraints that every leveled chart the rule reads is read within the levels its items
@@ -485,6 +487,50 @@ class System:
             if math.isfinite(hi):
                 out.append(minus.shifted(int(hi)))
         return out
+
+
+def _remembered_system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str, Space], posed: dict) -> System | None:
+    """:func:`_system`, posed once per :func:`_rule_likeness` (as :func:`_remembered_form`);
+    ``posed``: the systems of one plan so far, with the rule each was posed for."""
+    like = _rule_likeness(rule, levels, shapes, boxes)
+    found = posed.get(like, posed)
+    if found is posed:
+        sy = _system(rule, syntax, levels, shapes, boxes)
+        if sy is not None:
+            sy.kind = len(posed)
+        found = posed[like] = rule, sy
+    first, sy = found
+    if sy is None or first is rule:
+        return sy
+    indices = {k: sy.indices[j] for k, j in zip(_indexed(rule), _indexed(first))}  # (by place: a term may occur twice)
+    charts = [t.name for t in rule.terms if t.name in levels.coeffs]
+    return System(rule, sy.cons, sy.unequal, indices, sy.head_vars, sy.order,
+                  [(c, lv, minus) for c, (_, lv, minus) in zip(charts, sy.read_levels)], sy.kind)
+
+
+def _indexed(rule: Rule) -> list[int]:
+    """The ids :attr:`System.indices` is keyed by: the head, the terms, the indices looked up in them."""
+    return [id(rule.head), *map(id, rule.terms), *(id(ix) for t in rule.terms for ix in t.indices if isinstance(ix, Lookup))]
+
+
+def _rule_likeness(rule: Rule, levels: Levels, shapes, boxes: dict[str, Space]) -> tuple:
+    """Everything :func:`_system` reads of a rule but the names of its charts (the order of its
+    summed variables among it: they are ordered by where they first occur in its text)."""
+
+    def term(t: Term) -> tuple | None:
+        if t.is_one:
+            return None
+        ixs = _plain(t.indices) + tuple(_plain(ix.indices) for ix in t.indices if isinstance(ix, Lookup))
+        if t.name in shapes:
+            return t.name, shapes[t.name], ixs
+        sp = boxes[t.name]
+        return tuple(sp.lo), tuple(sp.hi), levels.coeffs.get(t.name), ixs
+
+    head = rule.head.name
+    return (head == GOAL, tuple(summed_variables(rule)), rule.outer,
+            tuple((r.var, r.lo.coeffs, r.lo.const, r.hi.coeffs, r.hi.const) for r in rule.ranges),
+            tuple((c.left.coeffs, c.left.const, c.op, c.right.coeffs, c.right.const) for c in rule.conds),
+            term(rule.head), *map(term, rule.reads))
 
 
 def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str, Space]) -> System | None:
@@ -575,21 +621,17 @@ def _remembered_form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, 
 
 def _likeness(sy: System, extra: list[Affine], taus: np.ndarray, shapes, stored: dict[str, Space], chart_layouts, keys,
               size) -> tuple:
-    """Everything :func:`_form` reads of a rule but the names of its charts (its inputs' names are
-    part of it): two rules alike in it have forms alike but for the charts' buffers."""
+    """Everything :func:`_form` reads of a rule but the names of its charts: its system's kind (the
+    rule but those names, and the boxes of its charts), the levels it fires at, and its charts'
+    buffers. Two rules alike in it have forms alike but for the charts' buffers."""
 
-    def term(t) -> tuple | None:
-        if t.is_one:
+    def buffers(t: Term) -> tuple | None:
+        if t.is_one or t.name in shapes:
             return None
-        ixs = sy.indices[id(t)]
-        looked = tuple(_plain(sy.indices[id(ix)]) for ix in ixs if isinstance(ix, Lookup))
-        if t.name in shapes:
-            return t.name, _plain(ixs), looked
         sp = stored[t.name]
-        return tuple(sp.lo), sp.shape, tuple(chart_layouts[t.name]), tuple(size[k] for k in keys[t.name]), _plain(ixs), looked
+        return tuple(sp.lo), sp.shape, tuple(chart_layouts[t.name]), tuple(size[k] for k in keys[t.name])
 
-    return (_plain(sy.cons), _plain(sy.unequal), tuple(sy.order), len(sy.head_vars), _plain(extra), taus.tobytes(),
-            sy.rule.outer, term(sy.rule.head), *map(term, sy.rule.terms))
+    return sy.kind, _plain(extra), taus.tobytes(), buffers(sy.rule.head), *map(buffers, sy.rule.terms)
 
 
 def _plain(xs: list) -> tuple:
