@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .factor import ELIMINATED_PREFIX, SUBSUM_PREFIX
 from .syntax import Affine, Const, Rule, Syntax, Term
@@ -128,8 +129,15 @@ def _open_growth(read: Term, head: Term, box: list[tuple[float, float]]) -> list
 
 
 def propagate(rule: Rule, cons) -> dict[str, tuple[float, float]]:
-    """Interval bounds of every variable of ``rule`` under ``cons``."""
-    return _tighten({v: (-math.inf, math.inf) for v in rule.variables}, cons)
+    """Interval bounds of every variable of ``rule`` under ``cons``. Remembered per system: the
+    rules of one program often pose the same (a chain of charts, a rule per label)."""
+    return dict(_propagated(tuple(sorted(rule.variables)), tuple((e.coeffs, e.const, lo, hi) for e, lo, hi in cons)))
+
+
+@lru_cache(maxsize=8192)
+def _propagated(variables: tuple[str, ...], cons: tuple[tuple, ...]) -> tuple[tuple[str, tuple[float, float]], ...]:
+    box = _tighten({v: (-math.inf, math.inf) for v in variables}, [(Affine(c, k), lo, hi) for c, k, lo, hi in cons])
+    return tuple(box.items())
 
 
 def _tighten(box: dict[str, tuple[float, float]], cons, frozen: frozenset[str] | set[str] = frozenset()
