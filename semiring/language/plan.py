@@ -514,8 +514,9 @@ def _indexed(rule: Rule) -> list[int]:
 
 
 def _rule_likeness(rule: Rule, levels: Levels, shapes, boxes: dict[str, Space]) -> tuple:
-    """Everything :func:`_system` reads of a rule but the names of its charts (the order of its
-    summed variables among it: they are ordered by where they first occur in its text)."""
+    """Everything :func:`_system` reads of a rule but the names of its charts: its indices, ranges
+    and conditions, the order of its summed variables (by where they first occur in its text, which
+    the names can move), its inputs' names and shapes, and its charts' boxes and level functions."""
 
     def term(t: Term) -> tuple | None:
         if t.is_one:
@@ -526,8 +527,7 @@ def _rule_likeness(rule: Rule, levels: Levels, shapes, boxes: dict[str, Space]) 
         sp = boxes[t.name]
         return tuple(sp.lo), tuple(sp.hi), levels.coeffs.get(t.name), ixs
 
-    head = rule.head.name
-    return (head == GOAL, tuple(summed_variables(rule)), rule.outer,
+    return (rule.head.name == GOAL, tuple(summed_variables(rule)), rule.outer,
             tuple((r.var, r.lo.coeffs, r.lo.const, r.hi.coeffs, r.hi.const) for r in rule.ranges),
             tuple((c.left.coeffs, c.left.const, c.op, c.right.coeffs, c.right.const) for c in rule.conds),
             term(rule.head), *map(term, rule.reads))
