@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .factor import ELIMINATED_PREFIX, SUBSUM_PREFIX
 from .syntax import Affine, Const, Rule, Syntax, Term
@@ -128,8 +129,15 @@ def _open_growth(read: Term, head: Term, box: list[tuple[float, float]]) -> list
 
 
 def propagate(rule: Rule, cons) -> dict[str, tuple[float, float]]:
-    """Interval bounds of every variable of ``rule`` under ``cons``."""
-    return _tighten({v: (-math.inf, math.inf) for v in rule.variables}, cons)
+    """Interval bounds of every variable of ``rule`` under ``cons``. Remembered per system: the
+    rules of one program often pose the same (a chain of charts, a rule per label)."""
+    return dict(_propagated(tuple(sorted(rule.variables)), tuple((e.coeffs, e.const, lo, hi) for e, lo, hi in cons)))
+
+
+@lru_cache(maxsize=8192)
+def _propagated(variables: tuple[str, ...], cons: tuple[tuple, ...]) -> tuple[tuple[str, tuple[float, float]], ...]:
+    box = _tighten({v: (-math.inf, math.inf) for v in variables}, [(Affine(c, k), lo, hi) for c, k, lo, hi in cons])
+    return tuple(box.items())
 
 
 def _tighten(box: dict[str, tuple[float, float]], cons, frozen: frozenset[str] | set[str] = frozenset()
@@ -191,19 +199,31 @@ def extents(rules: list[Rule], syntax: Syntax, shapes, labels) -> dict[str, Spac
     itself bounds (``C[s, s, d] = 1``) ranges over what the other rules write and read."""
     hulls: dict[str, list[list[float]]] = {}
     boxes: dict[str, Space] = {}  # the charts whose hulls are bounded, kept up to date
+    version: dict[str, int] = {}  # per chart: how many times its box was set
+    seen: dict[int, tuple[int, ...]] = {}  # per rule: the versions of its charts' boxes when it last ran
 
     def update(chart: str) -> None:
         h = hulls[chart]
         if all(math.isfinite(l) for l, _ in h):
             boxes[chart] = Space([int(l) for l, _ in h], [int(u) for _, u in h])
+            version[chart] = version.get(chart, 0) + 1
 
+    # What a rule with a body writes is bounded by what it reads, not by the extent found so far for
+    # its head: ``x[i+1] += x[i]`` grows ``x`` (and is reported), it is not clipped.
+    heads = [not any(not t.is_one for t in rule.terms) for rule in rules]
+    demands = [rule.head.name.startswith(MADE) for rule in rules]
+    # The charts whose boxes a rule's bounds read: where none changed since it last ran, it would widen no hull.
+    charts_of = [list(dict.fromkeys([t.name for t in rule.terms if not t.is_one and t.name not in shapes]
+                                    + ([rule.head.name] if head or demand else [])))
+                 for rule, head, demand in zip(rules, heads, demands)]
     for sweep in range(len(rules) + 3):
         changed, grown = False, []
-        for rule in rules:
-            # What a rule with a body writes is bounded by what it reads, not by the extent found so
-            # far for its head: ``x[i+1] += x[i]`` grows ``x`` (and is reported), it is not clipped.
-            reads = any(not t.is_one for t in rule.terms)
-            box = bounds(rule, shapes, boxes, labels, head=not reads, demand=rule.head.name.startswith(MADE))
+        for k, rule in enumerate(rules):
+            now = tuple(version.get(c, 0) for c in charts_of[k])
+            if seen.get(k) == now:
+                continue
+            seen[k] = now
+            box = bounds(rule, shapes, boxes, labels, head=heads[k], demand=demands[k])
             for t in (rule.head, *rule.terms):
                 if t.is_one or t.name in shapes:
                     continue

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .polyhedra import affine, implied, plus, scale
 from .syntax import GOAL, Affine, Const, Rule, Syntax
@@ -58,7 +59,10 @@ def static_constraints(rule: Rule, syntax: Syntax) -> list[Affine]:
     return cons
 
 
-def _candidates(chart: str, rank: int, labels: set[int]) -> list[tuple[int, ...]]:
+@lru_cache(maxsize=256)
+def _candidates(rank: int, labels: frozenset[int]) -> tuple[tuple[int, ...], ...]:
+    """The level functions a chart of this rank may have, simplest first (``labels``: its dimensions
+    indexed by constants, which take no part); remembered, the charts of a program share a few ranks."""
     free = [d for d in range(rank) if d not in labels]
     out = []
     for values in itertools.product((0, 1, -1), repeat=len(free)):
@@ -66,7 +70,7 @@ def _candidates(chart: str, rank: int, labels: set[int]) -> list[tuple[int, ...]
         for d, x in zip(free, values):
             c[d] = x
         out.append(tuple(c))
-    return sorted(out, key=lambda c: (sum(map(abs, c)), [-x for x in c]))
+    return tuple(sorted(out, key=lambda c: (sum(map(abs, c)), [-x for x in c])))
 
 
 def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
@@ -126,7 +130,7 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
         if i == len(group):
             return _strata(group, same) is not None
         chart = group[i]
-        for c in _candidates(chart, rank[chart], labels[chart]):
+        for c in _candidates(rank[chart], frozenset(labels[chart])):
             tries[0] += 1
             if tries[0] > MAX_TRIES:
                 return False
@@ -146,7 +150,7 @@ def find_levels(rules: list[Rule], syntax: Syntax) -> Levels | None:
     def greedy(group: list[str]) -> bool:
         """The first fitting candidate of every chart in turn, never going back (long programs)."""
         for chart in group:
-            for c in _candidates(chart, rank[chart], labels[chart]):
+            for c in _candidates(rank[chart], frozenset(labels[chart])):
                 chosen[chart] = c
                 sames = fits(chart)
                 if sames is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import lru_cache, reduce
 from typing import Callable
 
 import numpy as np
@@ -30,7 +30,7 @@ import numpy as np
 from .bounds import Space, bounds, constraints, extents, index_hull, label_dims, propagate
 from .levels import Levels, static_constraints
 from .polyhedra import TAU, Infeasible, affine, bounds_of, coeff, plus, project, scale, substitute
-from .syntax import GOAL, Affine, Const, Lookup, ProgramError, Rule, Syntax
+from .syntax import GOAL, Affine, Const, Lookup, ProgramError, Rule, Syntax, Term
 
 
 @dataclass
@@ -124,11 +124,19 @@ class View:
 
     @staticmethod
     def strided(source: str, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool = False) -> "View":
-        narrow = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
-        broad = tuple(d for d, (s, n) in enumerate(zip(strides, sizes)) if s == 0 and n > 1)
-        whole = not gather and offset == 0 and math.prod(sizes) == bound and strides == tuple(
-            math.prod(sizes[d + 1:]) for d in range(len(sizes)))
-        return View(source, sizes, strides, offset, gather, bound, narrow, broad, not gather and _injective(strides, narrow), whole)
+        return View(source, sizes, strides, offset, gather, bound, *_geometry(sizes, strides, offset, bound, gather))
+
+
+@lru_cache(maxsize=65536)
+def _geometry(sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool
+              ) -> tuple[tuple[int, ...], tuple[int, ...], bool, bool]:
+    """A view's ``narrow``, ``broad``, ``injective`` and ``whole`` (remembered: the steps of many
+    rules and levels repeat the same geometry over different buffers)."""
+    narrow = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
+    broad = tuple(d for d, (s, n) in enumerate(zip(strides, sizes)) if s == 0 and n > 1)
+    whole = not gather and offset == 0 and math.prod(sizes) == bound and strides == tuple(
+        math.prod(sizes[d + 1:]) for d in range(len(sizes)))
+    return narrow, broad, not gather and _injective(strides, narrow), whole
 
 
 def _injective(strides, shape) -> bool:
@@ -253,10 +261,12 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
     stored = _stored(boxes)
     size = {key: stored[c].size for c in charts for key in keys[c]}
     size.update({name: math.prod(s) for name, s in shapes.items()})
-    systems = {i: sy for i, rule in enumerate(rules) if (sy := _system(rule, syntax, levels, shapes, boxes)) is not None}
+    posed: dict[tuple, tuple[Rule, System | None]] = {}
+    systems = {i: sy for i, rule in enumerate(rules) if (sy := _remembered_system(rule, syntax, levels, shapes, boxes, posed)) is not None}
     extra, levels_at = _level_ranges(systems, levels)
+    made: dict[tuple, tuple[Form, list[int | None]] | None] = {}
     forms = [f for i, sy in systems.items() if extra[i] is not None
-             and (f := _form(i, sy, extra[i], levels_at(sy), syntax, shapes, stored, chart_layouts, keys, size)) is not None]
+             and (f := _remembered_form(i, sy, extra[i], levels_at(sy), syntax, shapes, stored, chart_layouts, keys, size, made)) is not None]
     rank = {c: k for k, c in enumerate(levels.strata)}
     phases: dict[int, list[Form]] = {}
     for f in sorted((f for f in forms if f.chart != GOAL), key=lambda f: (rank[f.chart], f.index)):
@@ -298,7 +308,8 @@ def _stored(boxes: dict[str, Space]) -> dict[str, Space]:
         if c != GOAL and sp.size:
             h = hulls.get(len(sp.lo))
             hulls[len(sp.lo)] = sp if h is None else Space([min(a, b) for a, b in zip(h.lo, sp.lo)], [max(a, b) for a, b in zip(h.hi, sp.hi)])
-    return {c: hulls[len(sp.lo)] if c != GOAL and sp.size and hulls[len(sp.lo)].size <= 2 * sp.size else sp for c, sp in boxes.items()}
+    hull_size = {rank: h.size for rank, h in hulls.items()}
+    return {c: hulls[len(sp.lo)] if c != GOAL and (n := sp.size) and hull_size[len(sp.lo)] <= 2 * n else sp for c, sp in boxes.items()}
 
 
 def _chain(step: Step, shapes) -> tuple[View, View, View | None] | None:
@@ -377,12 +388,12 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
     charts = set(levels.coeffs)
     empty = (math.inf, -math.inf)
     ranges: dict[str, tuple[float, float]] = {c: empty for c in charts}
-    known: dict[tuple, np.ndarray] = {}  # per rule and ranges it reads: the last sweep and the plan ask again
+    known: dict[tuple, np.ndarray] = {}  # per kind of system and ranges it reads: the last sweep and the plan ask again
 
     def levels_of(sy: System) -> np.ndarray:
-        key = (id(sy), *(ranges[t.name] for t in sy.rule.terms if t.name in ranges))
+        key = (sy.kind, *(ranges[c] for c, _, _ in sy.read_levels))
         if key not in known:
-            extra = sy.reads(levels, ranges)
+            extra = sy.reads(ranges)
             known[key] = _levels_of(sy, extra) if extra is not None else np.zeros(0, dtype=np.int64)
         return known[key]
 
@@ -408,7 +419,7 @@ def _level_ranges(systems: dict[int, System], levels: Levels, narrowing: int = 4
         if fresh == ranges:
             break
         ranges = fresh
-    return {i: sy.reads(levels, ranges) for i, sy in systems.items()}, levels_of
+    return {i: sy.reads(ranges) for i, sy in systems.items()}, levels_of
 
 
 def _written(rules: list[Rule], syntax: Syntax, shapes, boxes: dict[str, Space], labels, sweeps: int = 8) -> dict[str, Space]:
@@ -460,22 +471,66 @@ class System:
     indices: dict[int, list]  # id(term) -> its indices, the pinned variable substituted
     head_vars: list[str]  # the head's variables left (the L coordinates)
     order: list[str]  # every variable, head's first
+    read_levels: list[tuple[str, Affine, Affine]]  # per leveled chart read: its name, the level read, minus it
+    kind: int = 0  # systems of one kind are equal but for the names of the rule's charts (:func:`_rule_likeness`)
 
-    def reads(self, levels: Levels, ranges: dict[str, tuple[float, float]]) -> list[Affine] | None:
+    def reads(self, ranges: dict[str, tuple[float, float]]) -> list[Affine] | None:
         """Constraints that every leveled chart the rule reads is read within the levels its items
         exist at (None: a chart read has no items)."""
         out = []
-        for t in self.rule.terms:
-            if t.name in ranges:
-                lo, hi = ranges[t.name]
-                if lo > hi:
-                    return None
-                lv = levels.of(t.name, [ix for ix in self.indices[id(t)]])
-                if math.isfinite(lo):
-                    out.append(lv.shifted(-int(lo)))
-                if math.isfinite(hi):
-                    out.append(scale(lv, -1).shifted(int(hi)))
+        for chart, lv, minus in self.read_levels:
+            lo, hi = ranges[chart]
+            if lo > hi:
+                return None
+            if math.isfinite(lo):
+                out.append(lv.shifted(-int(lo)))
+            if math.isfinite(hi):
+                out.append(minus.shifted(int(hi)))
         return out
+
+
+def _remembered_system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str, Space], posed: dict) -> System | None:
+    """:func:`_system`, posed once per :func:`_rule_likeness` (as :func:`_remembered_form`);
+    ``posed``: the systems of one plan so far, with the rule each was posed for."""
+    like = _rule_likeness(rule, levels, shapes, boxes)
+    found = posed.get(like, posed)
+    if found is posed:
+        sy = _system(rule, syntax, levels, shapes, boxes)
+        if sy is not None:
+            sy.kind = len(posed)
+        found = posed[like] = rule, sy
+    first, sy = found
+    if sy is None or first is rule:
+        return sy
+    indices = {k: sy.indices[j] for k, j in zip(_indexed(rule), _indexed(first))}  # (by place: a term may occur twice)
+    charts = [t.name for t in rule.terms if t.name in levels.coeffs]
+    return System(rule, sy.cons, sy.unequal, indices, sy.head_vars, sy.order,
+                  [(c, lv, minus) for c, (_, lv, minus) in zip(charts, sy.read_levels)], sy.kind)
+
+
+def _indexed(rule: Rule) -> list[int]:
+    """The ids :attr:`System.indices` is keyed by: the head, the terms, the indices looked up in them."""
+    return [id(rule.head), *map(id, rule.terms), *(id(ix) for t in rule.terms for ix in t.indices if isinstance(ix, Lookup))]
+
+
+def _rule_likeness(rule: Rule, levels: Levels, shapes, boxes: dict[str, Space]) -> tuple:
+    """Everything :func:`_system` reads of a rule but the names of its charts: its indices, ranges
+    and conditions, the order of its summed variables (by where they first occur in its text, which
+    the names can move), its inputs' names and shapes, and its charts' boxes and level functions."""
+
+    def term(t: Term) -> tuple | None:
+        if t.is_one:
+            return None
+        ixs = _plain(t.indices) + tuple(_plain(ix.indices) for ix in t.indices if isinstance(ix, Lookup))
+        if t.name in shapes:
+            return t.name, shapes[t.name], ixs
+        sp = boxes[t.name]
+        return tuple(sp.lo), tuple(sp.hi), levels.coeffs.get(t.name), ixs
+
+    return (rule.head.name == GOAL, tuple(summed_variables(rule)), rule.outer,
+            tuple((r.var, r.lo.coeffs, r.lo.const, r.hi.coeffs, r.hi.const) for r in rule.ranges),
+            tuple((c.left.coeffs, c.left.const, c.op, c.right.coeffs, c.right.const) for c in rule.conds),
+            term(rule.head), *map(term, rule.reads))
 
 
 def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str, Space]) -> System | None:
@@ -525,7 +580,9 @@ def _system(rule: Rule, syntax: Syntax, levels: Levels, shapes, boxes: dict[str,
             head_vars.remove(pinned)
     order = head_vars + summed
     order += sorted({v for e in cons + unequal for v, _ in e.coeffs} - set(order) - {TAU})  # in conditions only: summed
-    return System(rule, cons, unequal, indices, head_vars, order)
+    read_levels = [(t.name, lv, scale(lv, -1)) for t in rule.terms if t.name in levels.coeffs
+                   for lv in [levels.of(t.name, indices[id(t)])]]
+    return System(rule, cons, unequal, indices, head_vars, order, read_levels)
 
 
 def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
@@ -541,10 +598,53 @@ def _levels_of(sy: System, extra: list[Affine]) -> np.ndarray:
     return taus
 
 
+def _remembered_form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syntax, shapes,
+                     stored: dict[str, Space], chart_layouts, keys, size, made: dict) -> Form | None:
+    """:func:`_form`, computed once per :func:`_likeness`: rules that differ only in the names of the
+    charts they read and write (a chain of charts, a rule per label) share the computation, each
+    its own charts' buffers. ``made``: the forms of one plan so far."""
+    like = _likeness(sy, extra, taus, shapes, stored, chart_layouts, keys, size)
+    found = made.get(like, made)
+    if found is made:
+        found = made[like] = _form(i, sy, extra, taus, syntax, shapes, stored, chart_layouts, keys, size)
+    if found is None:
+        return None
+    form, which = found
+    if form.rule is sy.rule:
+        return form
+    rule = sy.rule
+    reads = [rd if k is None else Read(keys[t.name][k], rd.offset, rd.strides, rd.gather, rd.bound, rd.lookups)
+             for t, rd, k in zip(rule.terms, form.reads, which)]
+    heads = [Read(key, rd.offset, rd.strides, rd.gather, rd.bound, rd.lookups) for key, rd in zip(keys[rule.head.name], form.heads)]
+    return Form(rule, i, rule.head.name, form.levels, form.n_free, form.sizes, reads, heads, form.masks, form.outer, form.needed)
+
+
+def _likeness(sy: System, extra: list[Affine], taus: np.ndarray, shapes, stored: dict[str, Space], chart_layouts, keys,
+              size) -> tuple:
+    """Everything :func:`_form` reads of a rule but the names of its charts: its system's kind (the
+    rule but those names, and the boxes of its charts), the levels it fires at, and its charts'
+    buffers. Two rules alike in it have forms alike but for the charts' buffers."""
+
+    def buffers(t: Term) -> tuple | None:
+        if t.is_one or t.name in shapes:
+            return None
+        sp = stored[t.name]
+        return tuple(sp.lo), sp.shape, tuple(chart_layouts[t.name]), tuple(size[k] for k in keys[t.name])
+
+    return sy.kind, _plain(extra), taus.tobytes(), buffers(sy.rule.head), *map(buffers, sy.rule.terms)
+
+
+def _plain(xs: list) -> tuple:
+    """Affine forms as tuples of their coefficients and constant (hashed and compared without a
+    Python call each; other indices as they are)."""
+    return tuple((x.coeffs, x.const) if isinstance(x, Affine) else x for x in xs)
+
+
 def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syntax, shapes, stored: dict[str, Space],
-          chart_layouts, keys, size) -> Form | None:
-    """The rule at every level it fires at (``taus``, those ``extra`` allows), or None where it never
-    does at these sizes (``stored``: the boxes the charts' buffers cover)."""
+          chart_layouts, keys, size) -> tuple[Form, list[int | None]] | None:
+    """The rule at every level it fires at (``taus``, those ``extra`` allows), and per term the
+    layout of its chart read (None: an input or the one); None where it never fires at these sizes
+    (``stored``: the boxes the charts' buffers cover)."""
     code = syntax.constants
     rule, head, cons, unequal, indices = sy.rule, sy.rule.head, sy.cons + extra, sy.unequal, sy.indices
     head_vars, order = sy.head_vars, sy.order
@@ -629,18 +729,22 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
         return Read(key, offset, tuple(strides), outside, size[key], lookups)
 
     reads: list[Read | None] = []
+    layout_of: list[int | None] = []
     inner = order[-1] if len(order) > n_free else None
     for t in rule.terms:
         if t.is_one:
             reads.append(None)
+            layout_of.append(None)
         elif t.name in shapes:
             reads.append(position(t, tuple(range(len(shapes[t.name]))), t.name))
+            layout_of.append(None)
         else:
             perms, which = chart_layouts[t.name], 0
             if inner is not None:
                 moved = [d for d, ix in enumerate(indices[id(t)]) if isinstance(ix, Affine) and abs(coeff(ix, inner)) == 1]
                 which = next((k for k, p in enumerate(perms) if moved and p[-1] == moved[0]), 0)
             reads.append(position(t, perms[which], keys[t.name][which]))
+            layout_of.append(which)
     heads = [position(head, perm, key) for perm, key in zip(chart_layouts[head.name], keys[head.name])]
     keep = np.flatnonzero(fires)
     if any(h.gather[keep].any() or any(h.strides[n_free:]) for h in heads):
@@ -661,7 +765,7 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
 
     masks = [mask(e, ">=") for e in checks if e.coeffs] + [mask(e, "!=") for e in map(to_expr, unequal)]
     return Form(rule, i, head.name, taus[keep], n_free, sizes, reads, heads, [(m, op) for m, op, _ in masks], rule.outer,
-                [needed for _, _, needed in masks])
+                [needed for _, _, needed in masks]), layout_of
 
 
 def _unbounded(rule: Rule, var: str) -> ProgramError:

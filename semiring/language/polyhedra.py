@@ -32,7 +32,9 @@ def plus(a: Affine, b: Affine, k: int = 1) -> Affine:
 
 
 def scale(a: Affine, k: int) -> Affine:
-    return affine({v: k * x for v, x in a.coeffs}, k * a.const)
+    if not k:
+        return Affine((), 0)
+    return Affine(tuple((v, k * x) for v, x in a.coeffs), k * a.const)  # (still sorted, no zero)
 
 
 def coeff(a: Affine, v: str) -> int:

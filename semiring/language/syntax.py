@@ -240,8 +240,8 @@ class _Line:
     def __init__(self, text: str, line: int):
         self.text, self.line = text, line
         self.tokens: list[tuple[str, str, int]] = []
-        pos = 0
-        while pos < len(text):
+        pos, end = 0, len(text.rstrip())
+        while pos < end:
             m = _TOKEN.match(text, pos)
             if not m or m.end() == pos:
                 col = len(text) - len(text[pos:].lstrip()) + 1
@@ -252,8 +252,6 @@ class _Line:
             kind = m.lastgroup
             self.tokens.append((kind, m.group(kind), m.start(kind) + 1))
             pos = m.end()
-            if not text[pos:].strip():
-                break
         self.i = 0
 
     def peek(self, value: str | None = None) -> bool:
