@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_threads.h"
 #include "_vector.h"
 
 typedef struct {
@@ -235,55 +236,27 @@ static Example *const CODE[][2][2][2] = {TABLE(_base)};
 
 #define GRAIN (1 << 18) /* terms (K^2 per step) a thread is worth: starting one costs tens of microseconds */
 
+/* the examples [b0, b1) of one scan (a Job), with scratch of their own; PartFn of _threads.h */
 typedef struct {
     const Args *a;
     Example *run;
-    int64_t b0, b1, size;
-    int failed;
-} Part;
+    int64_t size;
+} Job;
 
-static void *run_part(void *arg) {
-    Part *p = arg;
-    void *scratch = malloc(room(p->a->K) * p->size);
-    if (!scratch) {
-        p->failed = 1;
-        return NULL;
-    }
-    for (int64_t b = p->b0; b < p->b1; b++) p->run(p->a, b, scratch);
+static int run_examples(const void *job_, int64_t b0, int64_t b1) {
+    const Job *job = job_;
+    void *scratch = malloc(room(job->a->K) * job->size);
+    if (!scratch) return 0;
+    for (int64_t b = b0; b < b1; b++) job->run(job->a, b, scratch);
     free(scratch);
-    return NULL;
+    return 1;
 }
-
-#if defined(__unix__) || defined(__APPLE__)
-#include <pthread.h>
-#define THREADED 1
-#else
-#define THREADED 0
-#endif
 
 /* every example, split across up to `threads` threads; 0 where scratch could not be had */
 static int run_all(const Args *a, Example *run, int64_t size, int64_t threads) {
-    int64_t n = a->B * a->N * a->K * a->K / GRAIN;
-    if (!THREADED || threads < n) n = THREADED ? threads : 1;
-    if (n > a->B) n = a->B;
-    if (n > 64) n = 64;
-    if (n < 1) n = 1;
-    Part parts[64];
-    for (int64_t i = 0; i < n; i++) parts[i] = (Part){a, run, a->B * i / n, a->B * (i + 1) / n, size, 0};
-#if THREADED
-    pthread_t ids[64];
-    int started[64] = {0};
-    for (int64_t i = 1; i < n; i++) started[i] = pthread_create(&ids[i], NULL, run_part, &parts[i]) == 0;
-    run_part(&parts[0]);
-    for (int64_t i = 1; i < n; i++) {
-        if (started[i]) pthread_join(ids[i], NULL);
-        else run_part(&parts[i]);
-    }
-#else
-    run_part(&parts[0]);
-#endif
-    for (int64_t i = 0; i < n; i++) if (parts[i].failed) return 0;
-    return 1;
+    const int64_t worth = a->B * a->N * a->K * a->K / GRAIN;
+    const Job job = {a, run, size};
+    return split_batch(run_examples, &job, a->B, threads < worth ? threads : worth);
 }
 
 static PyObject *call(PyObject *args, int backward) {

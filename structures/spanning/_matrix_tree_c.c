@@ -29,7 +29,8 @@
  *
  * The work is the updates of the rows below each panel (rank_update: four rows by eight columns in
  * registers) and the exps. The batch drivers are compiled for each of _vector.h's instruction
- * sets, the CPU's best chosen when the module loads (isas(), isa(), set_isa(name)).
+ * sets, the CPU's best chosen when the module loads (isas(), isa(), set_isa(name)), and split
+ * the batch into the caller's number of parts, on as many threads (_threads.h).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -38,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../semiring/_threads.h"
 #include "../../semiring/_vector.h"
 
 #define LOW 1e-250         /* log_partition: a smaller pivot is an underflow (or no tree) */
@@ -523,15 +525,16 @@ static int check(Args *a, int with_mu) {
     return good;
 }
 
-INLINE int log_partition_batch(Args *a) {
+INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1) {
+    const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
     double *buf = malloc(sizeof(double) * (n1 * n1 + N * N + (5 + KB) * n1));
-    if (!buf) return -1;
+    if (!buf) return 0;
     double *W = buf, *T = W + n1 * n1, *g = T + N * N, *w = g + n1, *d = w + n1, *tmp = d + n1, *c = tmp + n1, *P = c + n1;
     const int64_t *lengths = a->lengths.buf;
     const char *theta = a->theta.buf;
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
-    for (idx b = 0; b < a->B; b++) {
+    for (idx b = b0; b < b1; b++) {
         const idx n = a->lengths.len ? lengths[b] : N;
         const double shift = load(theta + b * stride, a->f32, n1, n, W, n + 1, tmp, c);
         const double z = isnan(shift) ? NAN : gth_log_partition(W, n + 1, n, a->single_root, T, g, w, d, P);
@@ -539,13 +542,14 @@ INLINE int log_partition_batch(Args *a) {
         ((double *)a->logz.buf)[b] = z + shift;
     }
     free(buf);
-    return 0;
+    return 1;
 }
 
-INLINE int marginals_batch(Args *a) {
+INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1) {
+    const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
     double *buf = malloc(sizeof(double) * (N * N + n1 * N + (10 + KB) * n1));
-    if (!buf) return -1;
+    if (!buf) return 0;
     Work wk;
     wk.A = buf;
     wk.X = wk.A + N * N;
@@ -562,7 +566,7 @@ INLINE int marginals_batch(Args *a) {
     const int64_t *lengths = a->lengths.buf;
     const char *theta = a->theta.buf;
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
-    for (idx b = 0; b < a->B; b++) {
+    for (idx b = b0; b < b1; b++) {
         const idx n = a->lengths.len ? lengths[b] : N;
         double *W = (double *)a->mu.buf + b * n1 * n1;
         const double shift = load(theta + b * stride, a->f32, n1, n, W, n1, tmp, c);
@@ -575,36 +579,37 @@ INLINE int marginals_batch(Args *a) {
         ((double *)a->logz.buf)[b] = z + shift;
     }
     free(buf);
-    return 0;
+    return 1;
 }
 
-/* the batch drivers, compiled once per instruction set (_vector.h); RUN[isa][with_mu] */
-typedef int Batch(Args *a);
-#define DRIVERS(ISA, TARGET)                                                         \
-    TARGET static int log_partition##ISA(Args *a) { return log_partition_batch(a); } \
-    TARGET static int marginals##ISA(Args *a) { return marginals_batch(a); }
+/* the batch drivers over examples [b0, b1) (PartFn of _threads.h), compiled once per instruction
+ * set (_vector.h); RUN[isa][with_mu] */
+#define DRIVERS(ISA, TARGET)                                                                                                   \
+    TARGET static int log_partition##ISA(const void *a, int64_t b0, int64_t b1) { return log_partition_batch(a, b0, b1); } \
+    TARGET static int marginals##ISA(const void *a, int64_t b0, int64_t b1) { return marginals_batch(a, b0, b1); }
 DRIVERS(_base, )
 #if ISAS_X86
 DRIVERS(_avx2, AVX2)
 DRIVERS(_avx512, AVX512)
-static Batch *const RUN[][2] = {{log_partition_base, marginals_base}, {log_partition_avx2, marginals_avx2},
-                                {log_partition_avx512, marginals_avx512}};
+static PartFn *const RUN[][2] = {{log_partition_base, marginals_base}, {log_partition_avx2, marginals_avx2},
+                                 {log_partition_avx512, marginals_avx512}};
 #else
-static Batch *const RUN[][2] = {{log_partition_base, marginals_base}};
+static PartFn *const RUN[][2] = {{log_partition_base, marginals_base}};
 #endif
 
 static PyObject *entry(PyObject *args, int with_mu) {
     Args a;
-    int parsed = with_mu ? PyArg_ParseTuple(args, "y*pnny*pw*w*w*", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok, &a.mu)
-                         : PyArg_ParseTuple(args, "y*pnny*pw*w*", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok);
+    Py_ssize_t parts;
+    int parsed = with_mu ? PyArg_ParseTuple(args, "y*pnny*pw*w*w*n", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok, &a.mu, &parts)
+                         : PyArg_ParseTuple(args, "y*pnny*pw*w*n", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok, &parts);
     if (!parsed) return NULL;
     PyObject *result = NULL;
     if (check(&a, with_mu)) {
-        int status;
+        int ran;
         Py_BEGIN_ALLOW_THREADS
-        status = RUN[isa][with_mu](&a);
+        ran = split_batch(RUN[isa][with_mu], &a, a.B, parts);
         Py_END_ALLOW_THREADS
-        if (status) PyErr_NoMemory(); else result = Py_None, Py_INCREF(Py_None);
+        if (!ran) PyErr_NoMemory(); else result = Py_None, Py_INCREF(Py_None);
     }
     release(&a, with_mu);
     return result;
@@ -616,9 +621,11 @@ static PyObject *marginals(PyObject *self, PyObject *args) { return entry(args, 
 
 static PyMethodDef methods[] = {
     {"log_partition", log_partition, METH_VARARGS,
-     "log_partition(theta, is_float32, B, n1, lengths, single_root, logz, ok): exact log Z, in place."},
+     "log_partition(theta, is_float32, B, n1, lengths, single_root, logz, ok, parts): exact log Z, in place, the batch in parts "
+     "on as many threads."},
     {"marginals", marginals, METH_VARARGS,
-     "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu): certified log Z and marginals, in place."},
+     "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu, parts): certified log Z and marginals, in place, "
+     "the batch in parts on as many threads."},
     ISA_METHODS
     {NULL, NULL, 0, NULL},
 };

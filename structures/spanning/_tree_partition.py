@@ -53,10 +53,7 @@ the padding (up to float64 rounding of differently blocked sums).
 from __future__ import annotations
 
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -392,48 +389,26 @@ def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool)
     elimination (exact at any scale, no certificate), with the marginals by the certified path of
     :mod:`structures.spanning._certified` (the same factorization and bound); not ok where that bound does not
     certify, where a pivot underflows or no tree exists, or for NaN or +inf scores. The examples
-    are split across up to ``torch.get_num_threads()`` threads (:func:`_split`)."""
+    are split across up to ``torch.get_num_threads()`` threads, each with :data:`_THREAD_WORK`."""
     B, N1, _ = x.shape
     t = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)
     t = t.contiguous()
-    n = np.empty(0, np.int64) if lengths is None else lengths.to(torch.int64).contiguous().numpy()  # empty: every example N words
+    n = b"" if lengths is None else lengths.to(torch.int64).contiguous().numpy()  # empty: every example N words
     logZ = torch.empty(B, dtype=torch.float64)
     ok = torch.empty(B, dtype=torch.uint8)
-    mu = torch.empty(B, N1, N1, dtype=torch.float64) if marginals else None
-    call = _matrix_tree_c.marginals if marginals else _matrix_tree_c.log_partition
-    outs = (logZ.numpy(), ok.numpy()) + ((mu.numpy(),) if marginals else ())
-
-    def part(b0: int, b1: int) -> None:
-        call(t.numpy()[b0:b1], t.dtype == torch.float32, b1 - b0, N1, n[b0:b1] if n.size else n, single_root,
-             *(o[b0:b1] for o in outs))
-
-    _split(part, B, B * (N1 - 1) ** 3)
+    parts = max(1, min(torch.get_num_threads(), B, B * (N1 - 1) ** 3 // _THREAD_WORK))
+    args = (t.numpy(), t.dtype == torch.float32, B, N1, n, single_root, logZ.numpy(), ok.numpy())
+    if not marginals:
+        _matrix_tree_c.log_partition(*args, parts)
+        return logZ, None, ok.view(torch.bool)
+    mu = torch.empty(B, N1, N1, dtype=torch.float64)
+    _matrix_tree_c.marginals(*args, mu.numpy(), parts)
     return logZ, mu, ok.view(torch.bool)
 
 
 _THREAD_WORK = 1 << 20
-"""Multiply-adds (``n^3`` per example) a thread of the C extension is worth: handing it a part
-costs tens of microseconds."""
-
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (the process it belongs to, the workers)
-
-
-def _split(part, B: int, work: int) -> None:
-    """``part(b0, b1)`` over ``[0, B)`` in contiguous pieces on up to ``torch.get_num_threads()``
-    threads (this one and a pool's), each with at least :data:`_THREAD_WORK` of ``work``; the C
-    calls release the GIL, and every example is computed as on one thread."""
-    global _pool
-    parts = max(1, min(torch.get_num_threads(), B, work // _THREAD_WORK))
-    if parts == 1:
-        part(0, B)
-        return
-    if _pool is None or _pool[0] != os.getpid() or _pool[1]._max_workers < parts - 1:
-        _pool = (os.getpid(), ThreadPoolExecutor(parts - 1, thread_name_prefix="matrix-tree"))
-    bounds = [B * i // parts for i in range(parts + 1)]
-    futures = [_pool[1].submit(part, bounds[i], bounds[i + 1]) for i in range(1, parts)]
-    part(bounds[0], bounds[1])
-    for f in futures:
-        f.result()
+"""Multiply-adds (``n^3`` per example) a thread of the C extension is worth: starting one costs
+tens of microseconds."""
 
 
 def _word_weights(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
