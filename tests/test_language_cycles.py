@@ -541,6 +541,77 @@ def test_constant_labels_at_both_ends_of_a_cycle():
         prog(sr.Count, lengths=torch.tensor([4, 1, 2]), **inputs)
 
 
+STUTTER = """
+    x[0]  = a[0]
+    x[i] += x[i-1] * a[i]
+    y[i]  = b[i]
+    x[i] += y[i] * u[i]        # y to x at one position,
+    y[i] += x[i] * v[i]        # x to y,
+    x[i] += x[i] * stay[i]     # and x to itself: a cycle that changes no label, only the chart
+    goal  = x[n-1]
+"""
+
+
+def stutter_oracle(x, n, ops):
+    """One example's x[n-1]: at each position the vector (x, y) of the other rules closed under the
+    2 x 2 matrix of the cycle's weights by ``ops.star``."""
+    z = torch.tensor(ops.zero, dtype=torch.float64)
+    last = None
+    for i in range(n):
+        star = ops.star(torch.stack([torch.stack([x["stay"][i], x["u"][i]]), torch.stack([x["v"][i], z])]))
+        first = x["a"][0] if i == 0 else ops.apply(x["a"][i].view(1, 1), last.view(1))[0]
+        last = ops.apply(star, torch.stack([first, x["b"][i]]))[0]
+    return last
+
+
+def stutter_inputs():
+    return dict(a=random(3, 4, seed=1), b=random(3, 4, seed=2), u=random(3, 4, shift=-1.5, seed=3),
+                v=random(1, 4, shift=-1.5, seed=4), stay=random(3, 4, shift=-2, seed=5))
+
+
+def test_a_cycle_that_changes_no_label_is_a_closure_over_its_charts():
+    prog = sr.program(STUTTER)
+    assert [str(r) for r in prog.rules if r.head.name == "x"] == [
+        "x[i] += x'[i]", "x[i] += x'[i] * x+x[i]", "x[i] += y'[i] * x+y[i]"]
+    inputs = stutter_inputs()
+    agrees(prog, stutter_oracle, inputs, [4, 1, 2], ["Log", "Real", "Max"])
+    inputs["v"], inputs["stay"] = torch.full_like(inputs["v"], -math.inf), torch.full_like(inputs["stay"], -math.inf)
+    agrees(prog, stutter_oracle, inputs, [4, 1, 2], ["Count"])  # y to x only: no cycle
+
+
+def test_a_cycle_that_changes_no_label_has_gradients_of_the_explicit_inverse():
+    prog = sr.program(STUTTER)
+    names, xs = list(stutter_inputs()), [x.requires_grad_() for x in stutter_inputs().values()]
+    for semiring, ops, weights, value in (SEMIRINGS["Log"], SEMIRINGS["Max"]):
+        got = torch.autograd.grad(prog(semiring, **dict(zip(names, xs))).sum(), xs)
+        want = torch.autograd.grad(sum(value(stutter_oracle({k: weights(x[b % x.shape[0]]) for k, x in zip(names, xs)}, 4, ops))
+                                       for b in range(3)), xs)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+    small = [x[:2, :3].detach().clone().requires_grad_() for x in xs]
+    assert torch.autograd.gradcheck(lambda *ys: prog(sr.Log, **dict(zip(names, ys))), small)
+    assert torch.autograd.gradgradcheck(lambda *ys: prog(sr.Log, **dict(zip(names, ys))), small)
+
+
+def test_a_cycle_that_changes_no_label_is_refused_where_it_diverges_or_gains():
+    prog = sr.program(STUTTER)
+    inputs = stutter_inputs()
+    inputs["stay"][1, 2] = 0.25
+    with pytest.raises(ValueError, match=r"line 5, column 13: x\[i\] reads y\[i\] at the same level: a cycle with the rules "
+                                         r"of lines 6, 7; see Cycles\. The sum over derivations of any length diverges: the "
+                                         r"spectral radius of the block matrix of exp\(u\), exp\(v\), exp\(stay\) over the "
+                                         r"charts 'x', 'y' is [\d.]+ >= 1 \(example 1 at the other indices \(2,\) of the weights\)"):
+        prog(sr.Log, **inputs)
+    with pytest.raises(ValueError, match=r"The charts x -> x form a cycle whose weights sum to more than 0 in Max"):
+        prog(sr.Max, **inputs)
+    alone = sr.program("x[i] = a[i]\nx[i] += x[i] * stay[i]\ngoal += x[n-1]")
+    with pytest.raises(ValueError, match=r"line 2, column 9: x\[i\] reads x\[i\] at the same level: a cycle; see Cycles\. The "
+                                         r"sum over derivations of any length diverges: the weight exp\(stay\) of the cycle is 1 >= 1"):
+        alone(sr.Log, a=torch.zeros(1, 3), stay=torch.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"The charts x -> x form a cycle of finite weights, so the count of derivations is infinite"):
+        alone(sr.Count, a=torch.zeros(1, 3), stay=torch.zeros(1, 3))
+
+
 def test_a_system_that_diverges_or_has_a_positive_cycle_is_refused_naming_its_rules():
     prog = sr.program(TWO_CHARTS)
     word, rule, _ = grammar(B=1, N=2, NT=3)
@@ -585,7 +656,7 @@ def test_the_docs_cycles_section_runs():
     text = (Path(__file__).resolve().parents[1] / "docs" / "language.md").read_text()
     section = text.split("\n## Cycles\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     out = io.StringIO()
     scope: dict = {}
     with contextlib.redirect_stdout(out):

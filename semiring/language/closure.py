@@ -4,7 +4,9 @@ Rules that read a chart at the item group they write, in another label, make the
 group depend on each other: unary chains ``X[s, t, a] += X[s, t, b] * unary[a, b]``, epsilon moves,
 two charts that derive each other (``X[s, t, a] += Y[s, t, b] * u[a, b]`` and ``Y[s, t, a] +=
 X[s, t, b] * v[a, b]``), several such rules per chart, and labels that are constants
-(``C[s, t, R] += C[s, t, L] * w[s, t]``). The charts that read each other so form a *system*: its
+(``C[s, t, R] += C[s, t, L] * w[s, t]``), and cycles that change no label, only the chart (``x[i] +=
+y[i] * u[i]`` and ``y[i] += x[i] * v[i]``, or ``x[i] += x[i] * stay[i]``: each chart one label). The
+charts that read each other so form a *system*: its
 items of one group are one vector ``x`` over (chart, label), and with ``x0`` the ⊕ of the charts'
 other rules and ``M`` the block matrix of the system's rules (``M[(X, a), (Y, b)]``: the ⊕ of the
 weights of deriving ``X``'s label a from ``Y``'s label b) they are ``x = x0 ⊕ M ⊗ x``, whose least
@@ -72,7 +74,7 @@ class System:
 
     steps: tuple[Step, ...]  # in program order
     charts: tuple[str, ...]  # the blocks of M, in order of first appearance
-    position: int  # the label's position among the charts' indices
+    position: int | None  # the label's position among the charts' indices (None: no label, each chart one item per group)
     group: tuple[str, ...]  # the variables of the other positions in the rewritten rules
     labels: tuple[str, str]  # the variables of the label in the rewritten rules: head, read
     others: tuple[Index, ...]  # the weights' indices that are not labels, in the variables of ``group``
@@ -129,13 +131,15 @@ def _link(rule: Rule, syntax: Syntax) -> tuple[Term, int | None] | None:
     return None if rule.ranges or rule.conds else same_level_read(rule, syntax)
 
 
-def _step(rule: Rule, read: Term, position: int, syntax: Syntax) -> Step | str:
-    """The rule as a step of a system whose label is at ``position``, or why it cannot be one."""
+def _step(rule: Rule, read: Term, position: int | None, syntax: Syntax) -> Step | str:
+    """The rule as a step of a system whose label is at ``position`` (None: a system without labels,
+    where each chart's one label is the constant 0), or why it cannot be one."""
     head = rule.head
     group = [_lone(ix) for d, ix in enumerate(head.indices) if d != position]
     if None in group or len(set(group)) != len(group):
-        return f"Its head's indices other than the label (index {position + 1}) must be distinct variables. "
-    row, col = (_label(t.indices[position], syntax.constants) for t in (head, read))
+        but = "" if position is None else f" other than the label (index {position + 1})"
+        return f"Its head's indices{but} must be distinct variables. "
+    row, col = (0, 0) if position is None else (_label(t.indices[position], syntax.constants) for t in (head, read))
     if row is None or col is None or row in group:
         return f"Its label (index {position + 1}) must be a variable of its own or a constant. "
     rest = [t for t in rule.terms if t is not read and not t.is_one]
@@ -164,12 +168,14 @@ def _step(rule: Rule, read: Term, position: int, syntax: Syntax) -> Step | str:
 def unsolved(rule: Rule, read: Term, position: int | None, syntax: Syntax) -> ProgramError:
     """The error for a cycle inside a level that is not a closure the compiler solves (``position``:
     the label's, None where the rule reads the very item it writes)."""
-    if position is None:
-        return rule.error(f"an item depends on itself (a cycle among the rules): {rule.head} reads {read}, and no rule of "
-                          "the cycle derives one label from another, as a closure needs (see Cycles)")
     reason = "It has 'for' or 'if'. " if rule.ranges or rule.conds else ""
     step = _step(rule, read, position, syntax)
     reason += step if isinstance(step, str) else ""
+    if position is None:
+        return rule.error(f"an item depends on itself (a cycle among the rules): {rule.head} reads {read}; see Cycles. "
+                          f"{reason}A cycle is solved as a closure where each of its rules is '{rule.head} += {read} * "
+                          "w[..]': one read of a chart of the cycle, times at most one input indexed only by the head's "
+                          "variables, without 'for' or 'if'", read.col)
     h, r = rule.head.indices[position], read.indices[position]
     return rule.error(f"{rule.head} reads {read} at the same level: a cycle; see Cycles. {reason}A cycle is solved as a "
                       f"closure where each of its rules is '{rule.head} += {read} * w[..]': one read of its own chart, "
@@ -187,12 +193,10 @@ def find(rules: list[Rule], syntax: Syntax) -> tuple[list[Rule], Syntax, list[Sy
     for i, (read, _) in links.items():
         if component[rules[i].head.name] == component[read.name]:
             cycles.setdefault(component[read.name], []).append(i)
-    # a cycle whose every rule reads the item it writes changes no label: no closure, an item depends on itself
-    labelled = [members for members in cycles.values() if any(links[i][1] is not None for i in members)]
-    if not labelled:
+    if not cycles:
         return rules, syntax, []
     taken: set[str] = set()
-    systems = [_system(rules, [(i, *links[i]) for i in members], syntax, taken) for members in labelled]
+    systems = [_system(rules, [(i, *links[i]) for i in members], syntax, taken) for members in cycles.values()]
     return _rewrite(rules, systems), _declare(syntax, systems), systems
 
 
@@ -204,7 +208,7 @@ def _system(rules: list[Rule], links: list[tuple[int, Term, int | None]], syntax
         raise first.error(f"the rules of lines {', '.join(str(rules[i].line) for i, _, _ in links)} make a cycle that "
                           f"changes indices {' and '.join(str(d + 1) for d in positions)}: a closure changes one index, "
                           "the label; see Cycles")
-    position = positions[0]
+    position = positions[0] if positions else None
     steps = []
     for i, read, _ in links:
         step = _step(rules[i], read, position, syntax)
@@ -269,10 +273,12 @@ def _closed(system: System) -> list[Rule]:
     """The rules that write a system's charts from its open charts and the blocks of M⁺."""
     def indices(label: str) -> tuple[Index, ...]:
         vs = list(system.group)
-        vs.insert(system.position, label)
+        if system.position is not None:
+            vs.insert(system.position, label)
         return tuple(map(_var, vs))
 
     row, col = system.labels
+    labels = () if system.position is None else (_var(row), _var(col))
     out = []
     for chart in system.charts:
         step = next(s for s in system.steps if s.head == chart)
@@ -281,7 +287,7 @@ def _closed(system: System) -> list[Rule]:
             out.append(Rule(head, (Term(chart + OPEN, indices(row), line, head.col),), (), (), line, rule.text))
         for (h, r), name in system.names.items():
             if h == chart:
-                block = Term(name, (*system.others, _var(row), _var(col)), line, step.read.col)
+                block = Term(name, (*system.others, *labels), line, step.read.col)
                 out.append(Rule(head, (Term(r + OPEN, indices(col), line, step.read.col), block), (), (), line, rule.text))
     return out
 
@@ -292,7 +298,8 @@ def _declare(syntax: Syntax, systems: list[System]) -> Syntax:
     charts = dict(syntax.charts)
     for s in systems:
         read = s.steps[0].read
-        inputs.update({name: (len(s.others) + 2, Term(name, (), read.line, read.col)) for name in s.names.values()})
+        rank = len(s.others) + (0 if s.position is None else 2)
+        inputs.update({name: (rank, Term(name, (), read.line, read.col)) for name in s.names.values()})
         charts.update({c + OPEN: syntax.charts[c] for c in s.open})
     return replace(syntax, inputs=inputs, charts=charts)
 
@@ -302,11 +309,13 @@ def _var(name: str) -> Affine:
 
 
 def shapes(systems: list[System], shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    """The input shapes with the derived inputs' (``[*others, labels of the head chart, labels of the read chart]``)."""
+    """The input shapes with the derived inputs' (``[*others, labels of the head chart, labels of the
+    read chart]``, ``others`` alone in a system without labels)."""
     out = dict(shapes)
     for system in systems:
         labels, others = _sizes(system, shapes)
-        out.update({name: (*others, labels[h], labels[r]) for (h, r), name in system.names.items()})
+        out.update({name: (*others, *(() if system.position is None else (labels[h], labels[r])))
+                    for (h, r), name in system.names.items()})
     return out
 
 
@@ -358,7 +367,8 @@ def derive(systems: list[System], semiring: Semiring, elements: dict[str, Tensor
         p = strict(semiring, _matrix(system, semiring, elements, labels, like), system, labels)
         start = dict(zip(system.charts, np.cumsum([0] + [labels[c] for c in system.charts]).tolist()))
         for (h, r), name in system.names.items():
-            out[name] = p[..., start[h]:start[h] + labels[h], start[r]:start[r] + labels[r]]
+            block = p[..., start[h]:start[h] + labels[h], start[r]:start[r] + labels[r]]
+            out[name] = block[..., 0, 0] if system.position is None else block
     return out
 
 
@@ -451,8 +461,14 @@ def _converges(u: Tensor, system: System, log: bool) -> None:
         weights = [f"exp({w})" if log else w for w in system.weights()] or ["ones"]
         what = weights[0] if len(weights) == 1 and len(system.charts) == 1 else f"the block matrix of {', '.join(weights)}"
         of = f" of {', '.join(map(repr, system.charts))}" if len(system.charts) > 1 else ""
-        raise system.error(f"The sum over derivations of any length diverges: the spectral radius of {what} over the "
-                           f"labels{of} is {float(radius[where]):.6g} >= 1{_at(system, where)}")
+        if system.position is None and len(system.charts) == 1:
+            measure = f"the weight {what} of the cycle"
+        elif system.position is None:
+            measure = f"the spectral radius of {what} over the charts {', '.join(map(repr, system.charts))}"
+        else:
+            measure = f"the spectral radius of {what} over the labels{of}"
+        raise system.error(f"The sum over derivations of any length diverges: {measure} is {float(radius[where]):.6g} "
+                           f">= 1{_at(system, where)}")
 
 
 def _best(semiring: Semiring, m: Tensor, system: System, labels: dict[str, int]) -> Tensor:
@@ -489,9 +505,13 @@ def _no_cycle(on_cycle: Tensor, w: Tensor, system: System, labels: dict[str, int
         return
     where = tuple(int(i) for i in on_cycle.nonzero()[0][:-1])
     cycle = _positive_cycle(w[where].detach().double().cpu().numpy())
-    names = [f"{c} {k}" if len(system.charts) > 1 else str(k) for c in system.charts for k in range(labels[c])]
+    if system.position is None:
+        names, whose = list(system.charts), "The charts"
+    else:
+        names = [f"{c} {k}" if len(system.charts) > 1 else str(k) for c in system.charts for k in range(labels[c])]
+        whose = "The labels"
     shown = " -> ".join(names[k] for k in cycle) if cycle else names[int(on_cycle[where].nonzero()[0])]
-    raise system.error(f"The labels {shown} form a cycle {what}{_at(system, where)}")
+    raise system.error(f"{whose} {shown} form a cycle {what}{_at(system, where)}")
 
 
 def _capturing(t: Tensor) -> bool:
