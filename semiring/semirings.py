@@ -33,24 +33,35 @@ class Semiring:
         """Called once with the raw inputs of a run, in program order, before ``convert``."""
 
     def convert(self, x: Tensor) -> Tensor:
+        """Log-potentials ``[B, *shape]`` -> an element ``[*components, B, *shape]``."""
         raise NotImplementedError
 
     def zero(self, shape: Sequence[int], like: Tensor) -> Tensor:
+        """The ⊕ identity, ``[*components, *shape]`` (``shape`` structural, batch included);
+        ``like`` is an element, for the dtype and device. The runner pads tables of instances
+        with it."""
         raise NotImplementedError
 
     def one(self, shape: Sequence[int], like: Tensor) -> Tensor:
+        """The ⊗ identity, ``[*components, *shape]``, as ``zero``."""
         raise NotImplementedError
 
     def plus(self, a: Tensor, b: Tensor) -> Tensor:
+        """Binary ⊕. The runner reduces with ``sum`` instead; composite semirings (``Expectation``)
+        call it. The default stacks ``a`` and ``b`` and calls ``sum``."""
         return self.sum(torch.stack(torch.broadcast_tensors(a, b), dim=-1), dim=-1)
 
     def times(self, a: Tensor, b: Tensor) -> Tensor:
+        """⊗, broadcasting over the structural dimensions."""
         raise NotImplementedError
 
     def sum(self, x: Tensor, dim: int) -> Tensor:
+        """The ⊕-reduction over one structural (negative) dimension ``dim``; the runner passes
+        -1."""
         raise NotImplementedError
 
     def dot(self, a: Tensor, b: Tensor, dim: int) -> Tensor:
+        """``sum(times(a, b), dim)``, fused where a semiring overrides it."""
         return self.sum(self.times(a, b), dim)
 
     def scan(self, init: Tensor, xs: Tensor, unary: Tensor | None = None) -> Tensor:
@@ -599,6 +610,7 @@ class SignedLogSemiring(Semiring):
 
     @staticmethod
     def to_real(a: Tensor) -> Tensor:
+        """The real (signed, linear-space) tensor of an element: ``sign a * exp(log|a|)``."""
         return a[1] * a[0].exp()
 
     def lift(self, v: Tensor) -> Tensor:

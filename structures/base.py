@@ -312,6 +312,8 @@ class Distribution(torch.distributions.Distribution):
 
     @cached_property
     def partition(self) -> Tensor:
+        """``[B]``: Σ_z exp(θ, z), the exp of ``log_partition`` (it overflows where that is past the
+        dtype's range)."""
         return self.log_partition.exp()
 
     @cached_property
