@@ -42,7 +42,9 @@ class Tape(torch.autograd.Function):
         elements = ctx.saved_tensors
         run = ctx.run
         if not torch.is_grad_enabled():
-            buffers = run.gradients(ctx.buffers)  # (made outside inference mode: they leave it uncopied)
+            # in inference mode the gradient buffers are made before it, so that they leave it uncopied;
+            # otherwise a scan's fresh gradient becomes its input's buffer, which is then neither zeroed nor added to
+            buffers = run.gradients(ctx.buffers) if run.unrecorded() else None
             with _unrecorded(run):
                 grads = run.backward(ctx.buffers, grad, [e.shape for e in elements], grads=buffers)
             return (None, *[g.clone() if g is not None and g.is_inference() else g for g in grads])
