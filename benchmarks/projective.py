@@ -2,10 +2,13 @@
 0.5 ``DependencyCRF`` and SuPar's ``DependencyCRF``, in the same process, on the same scores.
 
 Run ``python -m benchmarks.projective`` (``--quick`` for a smoke run). Prints a markdown table of
-medians (round-robin, see benchmarks/common.py), the ratios peer / ours, and peak tensor bytes.
+medians (round-robin, see benchmarks/common.py), the ratios peer / ours, and peak tensor bytes. A
+peer that is not installed (``pip install -e '.[bench]'``) is skipped, and said so.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 from tqdm import tqdm
@@ -42,16 +45,22 @@ def supar(theta: torch.Tensor) -> torch.Tensor:
     return DependencyCRF(theta.transpose(1, 2).clone().requires_grad_(), multiroot=True).marginals.transpose(1, 2)
 
 
+PEERS = {"torch-struct": ("torch_struct", torch_struct), "supar": ("supar", supar)}  # name: (module, call)
+
+
 def main(argv=None) -> None:
     args = side_by_side_options(__doc__, argv, repeat=9, quick="3 rounds, n = 32 and 64")
     sizes = (32, 64) if args.quick else (64, 128)
     repeat = 3 if args.quick else args.repeat
+    peers = {name: call for name, (module, call) in PEERS.items() if importlib.util.find_spec(module) is not None}
+    if len(peers) < len(PEERS):
+        print(f"skipped, not installed (pip install -e '.[bench]'): {', '.join(sorted(set(PEERS) - set(peers)))}")
     rows, memory = [], []
     for n in tqdm(sizes, desc="projective"):
         theta = torch.randn(B, n + 1, n + 1)
-        impls = {"ours": lambda: ours(theta), "torch-struct": lambda: torch_struct(theta), "supar": lambda: supar(theta)}
+        impls = {"ours": lambda: ours(theta), **{name: (lambda call=call: call(theta)) for name, call in peers.items()}}
         reference = impls["ours"]()
-        for name in ("torch-struct", "supar"):
+        for name in peers:
             got = impls[name]()
             err = (got[:, :, 1:] - reference[:, :, 1:]).abs().max().item()
             assert err < 1e-3, f"{name} disagrees with ours by {err}"
