@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.testing import assert_close
@@ -89,6 +90,41 @@ def test_the_cpu_runs_every_level_in_the_kernel(name, monkeypatch):
     with kernel.disabled():
         assert not kernel.available()
     assert kernel.available()
+
+
+def test_a_stretch_of_levels_is_one_call_each_way(monkeypatch):
+    """A run whose levels all run in C crosses from Python into the kernel once forward and once
+    backward (a level per call cost microseconds each), with the bits of one call per level."""
+    x = torch.randn(3, 9, 4, 4, dtype=torch.float64)
+    calls = []
+    for name in ("forward", "backward"):
+        inner = getattr(kernel._kernel, name)
+        monkeypatch.setattr(kernel._kernel, name, lambda *a, _f=inner, _n=name: calls.append(_n) or _f(*a), raising=False)
+    crf = LinearChainCRF(x)  # (9 positions: a chain below SCAN_LEVELS runs level by level in the kernel)
+    got = crf.log_partition, crf.marginals
+    assert calls == ["forward", "forward", "backward"]
+    monkeypatch.undo()
+    per_level, packed = [], []
+
+    def one_level_at_a_time(self, lev):
+        packed.append(sum(d is not None for d in self.levels.forward))
+        end = self.end[lev]
+        for d in self.levels.forward[lev:end]:
+            kernel._kernel.forward(self.max, self.double, self.batch, self.threads, self.table, d)
+            per_level.append(d)
+        return end - lev
+
+    monkeypatch.setattr(kernel.Bound, "forward", one_level_at_a_time)
+    assert torch.equal(LinearChainCRF(x).log_partition, got[0])
+    assert packed == [len(per_level)] and len(per_level) > 2
+
+
+def test_malformed_stretches_are_refused():
+    table, level = np.zeros((1, 2), dtype=np.int64), np.zeros(1, dtype=np.int64)  # a level of no steps
+    kernel._kernel.forward(False, True, 1, 1, table, level, np.array([0, 1], dtype=np.int64))
+    for starts in ([0, 2], [1, 0], [-1, 1]):
+        with pytest.raises(ValueError, match="malformed"):
+            kernel._kernel.forward(False, True, 1, 1, table, level, np.array(starts, dtype=np.int64))
 
 
 def test_the_kernel_gives_exact_gradients_in_float64():

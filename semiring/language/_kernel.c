@@ -31,10 +31,14 @@
  * position is clamped into [0, bound) where bound > 0 (a gather): such a read's positions are
  * computed a row at a time (located_row()), on every path.
  *
- * forward(max, double, B, table, level)          the level's items into their heads (max: the Max
- *                                                semiring's, below; else the Log semiring's)
- * backward(max, double, B, table, grads, level)  its gradients into the grads table's buffers (the
- *                                                level's steps in the order of execute._backward_order)
+ * forward(max, double, B, threads, table, levels[, starts])   the levels' items into their heads (max:
+ *                                                             the Max semiring's, below; else the Log
+ *                                                             semiring's)
+ * backward(max, double, B, threads, table, grads, levels[, starts])  their gradients into the grads
+ *                                                             table's buffers (each level's steps in the
+ *                                                             order of execute._backward_order)
+ * levels holds the descriptors levels[starts[k]:starts[k+1]] run one after the other (without starts:
+ * one descriptor), so that a stretch of levels is one call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -985,51 +989,61 @@ static void run_job(const Job *w) {
 }
 #endif
 
-static PyObject *run(PyObject *args, int backward) {
-    int max, is_double;
-    Py_ssize_t B, threads;
-    Py_buffer table, gtable = {0}, level;
-    if (backward) {
-        if (!PyArg_ParseTuple(args, "ppnny*y*y*", &max, &is_double, &B, &threads, &table, &gtable, &level)) return NULL;
-    } else if (!PyArg_ParseTuple(args, "ppnny*y*", &max, &is_double, &B, &threads, &table, &level)) {
-        return NULL;
-    }
-    PyObject *result = NULL;
+/* one level's run, its descriptor [p, end): 0, or 1 where it is malformed, 2 where memory ran out */
+static int run_level(const int64_t *p, const int64_t *end, int max, int backward, int is_double, int64_t B,
+                     int64_t threads, const int64_t *tab, const int64_t *gtab) {
     Level lv;
-    const int64_t *p = (const int64_t *)level.buf, *end = p + level.len / (Py_ssize_t)sizeof(int64_t);
-    const int64_t *tab = (const int64_t *)table.buf, *gtab = backward ? (const int64_t *)gtable.buf : NULL;
-    size_t item = is_double ? sizeof(double) : sizeof(float);
-    char *t = NULL;
-    void **ptrs = NULL;
-    int64_t *offs = NULL;
-    if (!scan_level(p, end - p, max, tab, gtab, &lv)) {
-        PyErr_SetString(PyExc_ValueError, "a malformed level descriptor");
-        goto done;
-    }
+    if (!scan_level(p, end - p, max, tab, gtab, &lv)) return 1;
     const int64_t n = THREADED ? threads_for(&lv, B, threads) : 1;
-    t = malloc(n * lv.room * item); /* per thread: its scratch, pointers and offsets */
-    ptrs = malloc(n * 4 * lv.maxRH * sizeof(void *));
-    offs = malloc(n * 2 * lv.maxRH * sizeof(int64_t));
-    if (!t || !ptrs || !offs) {
-        PyErr_NoMemory();
-        goto done;
+    const size_t item = is_double ? sizeof(double) : sizeof(float);
+    char *t = malloc(n * lv.room * item); /* per thread: its scratch, pointers and offsets */
+    void **ptrs = malloc(n * 4 * lv.maxRH * sizeof(void *));
+    int64_t *offs = malloc(n * 2 * lv.maxRH * sizeof(int64_t));
+    int status = 2;
+    if (t && ptrs && offs) {
+        const int64_t parts = n == 1 ? 1 : B < PARTS * n ? B : PARTS * n;
+        const Job job = {p + 1, end, &lv, max, backward, is_double, B, n, parts, tab, gtab, t, lv.room * item, ptrs, offs};
+        run_job(&job);
+        status = 0;
     }
-    p++;
-    const int64_t parts = n == 1 ? 1 : B < PARTS * n ? B : PARTS * n;
-    const Job job = {p, end, &lv, max, backward, is_double, B, n, parts, tab, gtab, t, lv.room * item, ptrs, offs};
-    Py_BEGIN_ALLOW_THREADS
-    run_job(&job);
-    Py_END_ALLOW_THREADS
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
     free(t);
     free(ptrs);
     free(offs);
+    return status;
+}
+
+/* forward(max, double, B, threads, table, levels[, starts]) and backward(..., table, grads, levels[,
+ * starts]): the level descriptors levels[starts[k]:starts[k+1]] one after the other (without starts:
+ * levels is one descriptor), in one call, so that a stretch of levels costs one crossing from Python */
+static PyObject *run(PyObject *args, int backward) {
+    int max, is_double;
+    Py_ssize_t B, threads;
+    Py_buffer table, gtable = {0}, levels, starts = {0};
+    if (backward) {
+        if (!PyArg_ParseTuple(args, "ppnny*y*y*|y*", &max, &is_double, &B, &threads, &table, &gtable, &levels, &starts)) return NULL;
+    } else if (!PyArg_ParseTuple(args, "ppnny*y*|y*", &max, &is_double, &B, &threads, &table, &levels, &starts)) {
+        return NULL;
+    }
+    const int64_t *all = (const int64_t *)levels.buf, *tab = (const int64_t *)table.buf;
+    const int64_t *gtab = backward ? (const int64_t *)gtable.buf : NULL;
+    const int64_t size = levels.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t one[2] = {0, size}, *at = starts.buf ? (const int64_t *)starts.buf : one;
+    const int64_t count = starts.buf ? starts.len / (Py_ssize_t)sizeof(int64_t) - 1 : 1;
+    int status = 0;
+    for (int64_t k = 0; k < count && !status; k++)
+        if (at[k] < 0 || at[k] > at[k + 1] || at[k + 1] > size) status = 1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t k = 0; k < count && !status; k++)
+        status = run_level(all + at[k], all + at[k + 1], max, backward, is_double, B, threads, tab, gtab);
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&table);
     if (backward) PyBuffer_Release(&gtable);
-    PyBuffer_Release(&level);
-    return result;
+    PyBuffer_Release(&levels);
+    if (starts.buf) PyBuffer_Release(&starts);
+    if (status == 1) PyErr_SetString(PyExc_ValueError, "a malformed level descriptor");
+    if (status == 2) PyErr_NoMemory();
+    if (status) return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); }
@@ -1039,8 +1053,8 @@ static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1);
 
 
 static PyMethodDef methods[] = {
-    {"forward", forward, METH_VARARGS, "forward(max, double, B, threads, table, level): the level's items into their heads"},
-    {"backward", backward, METH_VARARGS, "backward(max, double, B, threads, table, grads, level): the level's gradients"},
+    {"forward", forward, METH_VARARGS, "forward(max, double, B, threads, table, levels[, starts]): the levels' items into their heads"},
+    {"backward", backward, METH_VARARGS, "backward(max, double, B, threads, table, grads, levels[, starts]): the levels' gradients"},
     ISA_METHODS
     {NULL, NULL, 0, NULL},
 };

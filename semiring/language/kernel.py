@@ -74,8 +74,8 @@ class Bound:
 
     def forward(self, lev: int) -> int:
         end = self.end[lev]
-        for d in self.levels.forward[lev:end]:
-            _kernel.forward(self.max, self.double, self.batch, self.threads, self.table, d)
+        if end > lev:
+            _kernel.forward(self.max, self.double, self.batch, self.threads, self.table, *self.levels.run(False, lev, end))
         return end - lev
 
     def backward(self, lev: int, grads: dict[str, Tensor]) -> int:
@@ -84,8 +84,7 @@ class Bound:
             return 0
         if self.grads is None:
             self.grads = self.levels.table(grads, self.named)
-        for d in reversed(self.levels.backward[first:lev + 1]):
-            _kernel.backward(self.max, self.double, self.batch, self.threads, self.table, self.grads, d)
+        _kernel.backward(self.max, self.double, self.batch, self.threads, self.table, self.grads, *self.levels.run(True, first, lev + 1))
         return lev + 1 - first
 
 

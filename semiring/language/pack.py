@@ -52,6 +52,7 @@ class Packed:
         self.items: list[tuple[list[int], list[int]]] = []  # per level: its steps' items, forward and backward order
         self.instances: list[int] = []  # per level: the most instances per item of its steps (1: pointwise)
         self._stretches: dict[frozenset[int], tuple[list[int], list[int]]] = {}  # :meth:`stretches` per set of skipped levels
+        self._runs: dict[tuple[bool, int, int], tuple[np.ndarray, np.ndarray]] = {}  # :meth:`run` per direction and levels
         self.uses: list[set[int]] = []  # per level: the keys its descriptors name
         for steps in levels:
             used: set[int] = set()
@@ -88,6 +89,17 @@ class Packed:
         rows = [(t.data_ptr(), t.stride(0) if t.shape[0] > 1 else 0) if t is not None else (0, 0)
                 for t in (buf[k] if only is None or i in only else None for i, k in enumerate(self.keys))]
         return np.array(rows, dtype=np.int64).reshape(len(self.keys), 2)
+
+    def run(self, backward: bool, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
+        """The descriptors of levels ``first .. end - 1`` in the order they run (backward: from the
+        last) as one array, and where each starts in it (one more: its end), as the C kernel takes
+        a stretch in one call; made once per stretch."""
+        key = (backward, first, end)
+        if key not in self._runs:
+            ds = (self.backward[first:end][::-1] if backward else self.forward[first:end])
+            starts = np.cumsum([0, *(len(d) for d in ds)], dtype=np.int64)
+            self._runs[key] = np.concatenate(ds), starts
+        return self._runs[key]
 
     def stretches(self, skip: set[int]) -> tuple[list[int], list[int]]:
         """Per level, its stretch, the longest run of packed levels outside ``skip`` around it: its
