@@ -16,6 +16,7 @@ import semiring as sr
 from semiring.language import kernel
 from semiring.language.reference import interpret
 from structures import ConstituencyCRF, LinearChainCRF, ProjectiveDependencyCRF
+from structures.alignment import _PROGRAMS as _ALIGNMENTS
 from structures.projective import _MULTI_ROOT
 from test_reference import B, PCFG, PROGRAMS, potentials
 
@@ -201,11 +202,18 @@ def test_the_kernel_logaddexp_is_exact(dtype):
     assert ga[-1].isfinite().all() and gb[-1].isfinite().all()
 
 
+_ALIGNMENT = _ALIGNMENTS["many_to_many"]
+
+
 def _large(name: str, g: torch.Generator) -> tuple[str, dict, object]:
-    """(text, inputs, lengths) of a program at sizes whose largest levels split the batch across two
-    threads (B x instances >= 2 x the kernel's grain): random lengths, -inf entries, and for the
-    PCFG a rule tensor shared by the batch (its gradient, written by every example, keeps one thread)."""
+    """(text, inputs, lengths) of a program at sizes whose stretches of levels split the batch across
+    two threads (B x instances >= 2 x the kernel's grain; the alignment's levels are each below it):
+    random lengths, -inf entries, and for the PCFG a rule tensor shared by the batch (its gradient,
+    written by every example, keeps those levels on one thread)."""
     B = 8
+    if name == "alignment":
+        lengths = {"n": torch.randint(1, 41, (2 * B,), generator=g), "m": torch.randint(1, 45, (2 * B,), generator=g)}
+        return _ALIGNMENT.text, dict(score=potentials(g, 40, 44, batch=2 * B)), lengths
     if name == "chain":
         return LinearChainCRF.program.text, dict(edge=potentials(g, 24, 64, 64, batch=B)), torch.randint(1, 26, (B,), generator=g)
     if name == "projective":
@@ -218,7 +226,7 @@ def _large(name: str, g: torch.Generator) -> tuple[str, dict, object]:
 @pytest.mark.skipif(kernel._kernel is None or not kernel._kernel.threaded, reason="the kernel is built without threads")
 @pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-@pytest.mark.parametrize("name", ["chain", "projective", "constituency", "pcfg"])
+@pytest.mark.parametrize("name", ["chain", "projective", "constituency", "pcfg", "alignment"])
 def test_two_threads_give_the_numbers_of_one(name, dtype, semiring):
     """The batch split across threads: values and gradients bit-identical to one thread's."""
     text, inputs, lengths = _large(name, torch.Generator().manual_seed(5))
@@ -234,7 +242,7 @@ def test_two_threads_give_the_numbers_of_one(name, dtype, semiring):
     program = sr.program(text)
     program(semiring, lengths=lengths, **inputs)
     (plan,) = program._plans.values()
-    assert max(plan.packed.work) * len(lengths) >= 2 * kernel._kernel.GRAIN  # (the largest levels do split)
+    assert sum(plan.packed.work) * next(iter(inputs.values())).shape[0] >= 2 * kernel._kernel.GRAIN  # (the stretch does split)
     assert torch.equal(one[0], two[0])
     assert all(torch.equal(a, b) for a, b in zip(one[1], two[1]))
 

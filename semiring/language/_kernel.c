@@ -890,24 +890,30 @@ static Examples *const ISA_CODE[] = {examples_base, examples_avx2, examples_avx5
 static Examples *const ISA_CODE[] = {examples_base};
 #endif
 
-/* A level's run as parts, part j the examples [B j / parts, B (j + 1) / parts), on up to n threads,
- * thread i with scratch i */
+/* A run of levels as parts, part j the examples [B j / parts, B (j + 1) / parts) through every level
+ * of the run in turn, on up to n threads, thread i with scratch i. An example's items depend only on
+ * its own items and on inputs, so a part may go on to the next level before the other parts finish
+ * this one, as long as no level of the run writes a buffer shared by the batch */
 typedef struct {
-    const int64_t *p, *end;
-    const Level *lv;
+    const int64_t *all, *at; /* level k's descriptor: all[at[k]] .. all[at[k + 1]] */
+    const Level *lv;         /* the levels of the run, lv[0 .. count) */
+    int64_t count;
     int max, backward, is_double;
     int64_t B, n, parts;
     const int64_t *tab, *gtab;
     char *t;
-    size_t room; /* bytes of scratch a thread has */
+    size_t room;   /* bytes of scratch a thread has */
+    int64_t maxRH; /* pointers and offsets a thread has: 4 and 2 times this */
     void **ptrs;
     int64_t *offs;
 } Job;
 
 static void run_part(const Job *w, int64_t j, int64_t i) {
-    const int64_t m = w->lv->maxRH;
-    ISA_CODE[isa](w->p, w->end, w->lv, w->max, w->backward, w->is_double, w->B * j / w->parts, w->B * (j + 1) / w->parts,
-                  w->tab, w->gtab, w->t + i * w->room, w->ptrs + i * 4 * m, w->offs + i * 2 * m);
+    const int64_t m = w->maxRH;
+    for (int64_t k = 0; k < w->count; k++)
+        ISA_CODE[isa](w->all + w->at[k] + 1, w->all + w->at[k + 1], &w->lv[k], w->max, w->backward, w->is_double,
+                      w->B * j / w->parts, w->B * (j + 1) / w->parts, w->tab, w->gtab, w->t + i * w->room,
+                      w->ptrs + i * 4 * m, w->offs + i * 2 * m);
 }
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -989,20 +995,26 @@ static void run_job(const Job *w) {
 }
 #endif
 
-/* one level's run, its descriptor [p, end): 0, or 1 where it is malformed, 2 where memory ran out */
-static int run_level(const int64_t *p, const int64_t *end, int max, int backward, int is_double, int64_t B,
-                     int64_t threads, const int64_t *tab, const int64_t *gtab) {
-    Level lv;
-    if (!scan_level(p, end - p, max, tab, gtab, &lv)) return 1;
-    const int64_t n = THREADED ? threads_for(&lv, B, threads) : 1;
+/* levels [k0, k1) as one job (lv: theirs, scanned; none writes a buffer shared by the batch, or there is
+ * one level): 0, or 2 where memory ran out */
+static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, int64_t k0, int64_t k1, int max,
+                      int backward, int is_double, int64_t B, int64_t threads, const int64_t *tab, const int64_t *gtab) {
+    Level whole = lv[k0];
+    for (int64_t k = k0 + 1; k < k1; k++) {
+        whole.room = lv[k].room > whole.room ? lv[k].room : whole.room;
+        whole.maxRH = lv[k].maxRH > whole.maxRH ? lv[k].maxRH : whole.maxRH;
+        whole.work += lv[k].work;
+    }
+    const int64_t n = THREADED ? threads_for(&whole, B, threads) : 1;
     const size_t item = is_double ? sizeof(double) : sizeof(float);
-    char *t = malloc(n * lv.room * item); /* per thread: its scratch, pointers and offsets */
-    void **ptrs = malloc(n * 4 * lv.maxRH * sizeof(void *));
-    int64_t *offs = malloc(n * 2 * lv.maxRH * sizeof(int64_t));
+    char *t = malloc(n * whole.room * item); /* per thread: its scratch, pointers and offsets */
+    void **ptrs = malloc(n * 4 * whole.maxRH * sizeof(void *));
+    int64_t *offs = malloc(n * 2 * whole.maxRH * sizeof(int64_t));
     int status = 2;
     if (t && ptrs && offs) {
         const int64_t parts = n == 1 ? 1 : B < PARTS * n ? B : PARTS * n;
-        const Job job = {p + 1, end, &lv, max, backward, is_double, B, n, parts, tab, gtab, t, lv.room * item, ptrs, offs};
+        const Job job = {all, at + k0, lv + k0, k1 - k0, max, backward, is_double, B, n, parts, tab, gtab, t,
+                         whole.room * item, whole.maxRH, ptrs, offs};
         run_job(&job);
         status = 0;
     }
@@ -1029,13 +1041,21 @@ static PyObject *run(PyObject *args, int backward) {
     const int64_t size = levels.len / (Py_ssize_t)sizeof(int64_t);
     const int64_t one[2] = {0, size}, *at = starts.buf ? (const int64_t *)starts.buf : one;
     const int64_t count = starts.buf ? starts.len / (Py_ssize_t)sizeof(int64_t) - 1 : 1;
-    int status = 0;
+    Level *lv = malloc((count > 0 ? count : 1) * sizeof(Level));
+    int status = lv ? 0 : 2;
     for (int64_t k = 0; k < count && !status; k++)
-        if (at[k] < 0 || at[k] > at[k + 1] || at[k + 1] > size) status = 1;
+        if (at[k] < 0 || at[k] > at[k + 1] || at[k + 1] > size || !scan_level(all + at[k], at[k + 1] - at[k], max, tab, gtab, &lv[k]))
+            status = 1;
     Py_BEGIN_ALLOW_THREADS
-    for (int64_t k = 0; k < count && !status; k++)
-        status = run_level(all + at[k], all + at[k + 1], max, backward, is_double, B, threads, tab, gtab);
+    /* the levels in jobs: each run of levels that write no buffer shared by the batch is one, split
+     * across threads as a whole; a level that writes one is a job of its own (on one thread) */
+    for (int64_t k0 = 0, k1; k0 < count && !status; k0 = k1) {
+        k1 = k0 + 1;
+        while (k1 < count && !lv[k0].shared_writes && !lv[k1].shared_writes) k1++;
+        status = run_levels(all, at, lv, k0, k1, max, backward, is_double, B, threads, tab, gtab);
+    }
     Py_END_ALLOW_THREADS
+    free(lv);
     PyBuffer_Release(&table);
     if (backward) PyBuffer_Release(&gtable);
     PyBuffer_Release(&levels);
