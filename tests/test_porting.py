@@ -26,7 +26,28 @@ def examples() -> dict[str, str]:
 
 
 def test_the_guide_has_an_example_per_peer():
-    assert set(examples()) == set(PEERS)
+    assert set(examples()) == {*PEERS, "Class by class"}  # (and the move-scored alignment, below)
+
+
+def test_the_move_scored_alignment_the_guide_declares_sums_its_paths():
+    """Its ``MoveAlignment`` against every monotone path enumerated: a path scores the move into
+    each cell it enters after (0, 0) (0 from (i, j-1), 1 from (i-1, j-1), 2 from (i-1, j))."""
+    import semiring
+    from structures import StructuredDistribution
+
+    scope = {"semiring": semiring, "StructuredDistribution": StructuredDistribution}
+    exec(compile(examples()["Class by class"], str(DOC), "exec"), scope)
+    move = torch.randn(2, 3, 4, 3, dtype=torch.float64)
+
+    def paths(i, j):  # the scores of the paths from (0, 0) into (i, j)
+        if (i, j) == (0, 0):
+            yield torch.zeros((), dtype=torch.float64)
+        for op, (a, b) in enumerate(((i, j - 1), (i - 1, j - 1), (i - 1, j))):
+            if a >= 0 and b >= 0:
+                yield from (s + move[:, i, j, op] for s in paths(a, b))
+
+    expected = torch.logsumexp(torch.stack(list(paths(2, 3))), 0)
+    assert_close(scope["MoveAlignment"](move).log_partition, expected)
 
 
 @pytest.mark.parametrize("peer", sorted(PEERS))
