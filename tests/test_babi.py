@@ -336,3 +336,12 @@ def test_a_batch_must_split_evenly_among_the_replicas(task2):
     model = babi.BabiModel.stack([babi.build_model("memn2n", task2) for _ in range(2)])
     with pytest.raises(ValueError, match="multiple of the 2 replicas"):
         model(task2.train.select(torch.arange(3)))
+
+
+def test_the_fact_score_averages_the_better_half_of_the_runs_by_validation():
+    runs = [{"seed": s, "valid_answer": v, "valid_loss": 1.0, "test_answer": 50.0, "test_fact": f, "seconds": 1.0}
+            for s, (v, f) in enumerate([(90.0, 10.0), (95.0, 30.0), (80.0, 0.0), (99.0, 60.0)])]
+    row = babi.summarize(2, "binary", runs)
+    assert (row["best_seed"], row["test_fact"]) == (3, 60.0)
+    assert row["top_half_test_fact"] == 45.0  # seeds 3 and 1, not the mean of all four (25.0)
+    assert row["mean_test_fact"] == 25.0
