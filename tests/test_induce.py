@@ -88,6 +88,27 @@ def test_quick_command(tmp_path):
         assert (tmp_path / f"en_bilinear{suffix}").stat().st_size > 0
 
 
+def test_the_held_out_protocol_keeps_pud_out_of_the_training_text():
+    dev_files, dev_eval = induce.HELD_OUT["dev"]
+    test_files, test_eval = induce.HELD_OUT["test"]
+    assert dev_files == test_files and dev_eval in dev_files  # one training text; settings chosen on EWT dev
+    assert test_eval not in test_files  # the scored PUD sentences are never trained on
+    assert test_eval in induce.LANGUAGES["en"][0]  # unlike the transductive runs
+
+
+@pytest.mark.skipif(not (DATA / "ud").exists(), reason="shared UD data not available")
+def test_held_out_runs_score_ewt_dev_or_pud_and_sentences_of_ten_words_apart(tmp_path):
+    common = ["--quick", "--max-sentences", "20", "--objective", "dmv", "--values", "upos", "--out", str(tmp_path)]
+    dev = {r["trees"]: r for r in induce.main(common + ["--evaluate", "dev"])}
+    test = {r["trees"]: r for r in induce.main(common + ["--evaluate", "test"])}
+    assert dev["dmv"]["train_sentences"] == test["dmv"]["train_sentences"] <= 40  # two files, PUD not among them
+    assert dev["gold"]["directed_no_punct_short"] == test["gold"]["directed_no_punct_short"] == 1.0
+    assert 0 < dev["dmv"]["short_sentences"] < 20 and dev["dmv"]["evaluate"] == "dev"
+    assert (tmp_path / "en_bilinear_dev_dmv_upos.csv").exists() and (tmp_path / "en_bilinear_test_dmv_upos.csv").exists()
+    with pytest.raises(SystemExit):
+        induce.main(["--quick", "--language", "de", "--evaluate", "test", "--out", str(tmp_path)])
+
+
 def test_hub_penalty_is_one_for_a_chain_and_n_for_a_hub():
     n = 4
     chain = torch.zeros(1, n + 1, n + 1)
