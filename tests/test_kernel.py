@@ -247,6 +247,29 @@ def test_two_threads_give_the_numbers_of_one(name, dtype, semiring):
     assert all(torch.equal(a, b) for a, b in zip(one[1], two[1]))
 
 
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
+@pytest.mark.parametrize("name", ["chain", "projective", "constituency", "pcfg", "alignment"])
+def test_parts_of_the_batch_that_fit_the_cache_give_the_numbers_of_one_pass(name, semiring):
+    """One thread taking the batch a part at a time through a stretch of levels (a part's rows of
+    the buffers within part_bytes(): here one example a part) gives the values and gradients of one
+    pass over the whole batch per level, bit for bit."""
+    text, inputs, lengths = _large(name, torch.Generator().manual_seed(6))
+    was, threads = kernel._kernel.part_bytes(), torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        kernel._kernel.set_part_bytes(1 << 62)
+        whole = value_and_gradients(text, inputs, lengths, semiring)
+        kernel._kernel.set_part_bytes(1)
+        parts = value_and_gradients(text, inputs, lengths, semiring)
+    finally:
+        kernel._kernel.set_part_bytes(was)
+        torch.set_num_threads(threads)
+    assert torch.equal(whole[0], parts[0])
+    assert all(torch.equal(a, b) for a, b in zip(whole[1], parts[1]))
+    with pytest.raises(ValueError, match="positive"):
+        kernel._kernel.set_part_bytes(0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 @pytest.mark.parametrize("isa", kernel._kernel.isas() if kernel._kernel else [])
 def test_every_instruction_set_of_the_cpu_computes_what_the_torch_calls_compute(isa, dtype):

@@ -840,6 +840,12 @@ static int scan_level(const int64_t *p, Py_ssize_t len, int max, const int64_t *
 #define GRAIN 16384 /* instances a thread is worth (waking a worker costs a few microseconds) */
 #define PARTS 4       /* parts per thread: a thread that falls behind (a loaded machine) holds little */
 
+/* A part's share of the buffers (its examples' rows of every buffer the run's table names) is kept
+ * within this many bytes where the batch allows: its examples then go through every level of the
+ * run while their items are in cache, where a run over the whole batch would evict each level's
+ * items before the next level reads them (alignment's anti-diagonals touch a cache line per item) */
+static int64_t part_bytes = 1 << 19;
+
 /* how many threads run the level (at most `threads`): examples are split across them, so one
  * where a buffer shared by the batch is written (its sums would depend on the split) */
 static int64_t threads_for(const Level *lv, int64_t B, int64_t threads) {
@@ -995,10 +1001,29 @@ static void run_job(const Job *w) {
 }
 #endif
 
+/* bytes of one example's rows of the table's buffers (batch stride 0: shared, not counted) */
+static int64_t example_bytes(const int64_t *tab, int64_t sources, size_t item) {
+    int64_t bytes = 0;
+    for (int64_t k = 0; tab && k < sources; k++) bytes += tab[2 * k + 1] * (int64_t)item;
+    return bytes;
+}
+
+/* the parts of a job of n threads: PARTS a thread, and at least enough that a part's rows fit in
+ * part_bytes (one thread included), one example at least; one part where a level writes a buffer
+ * shared by the batch (its sums keep the order of one pass over the batch) */
+static int64_t parts_for(const Level *whole, int64_t n, int64_t B, int64_t per_example) {
+    if (whole->shared_writes) return 1;
+    int64_t parts = n == 1 ? 1 : PARTS * n;
+    const int64_t fitting = per_example > 0 ? (B * per_example + part_bytes - 1) / part_bytes : 1;
+    parts = fitting > parts ? fitting : parts;
+    return parts > B ? B : parts < 1 ? 1 : parts;
+}
+
 /* levels [k0, k1) as one job (lv: theirs, scanned; none writes a buffer shared by the batch, or there is
  * one level): 0, or 2 where memory ran out */
 static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, int64_t k0, int64_t k1, int max,
-                      int backward, int is_double, int64_t B, int64_t threads, const int64_t *tab, const int64_t *gtab) {
+                      int backward, int is_double, int64_t B, int64_t threads, const int64_t *tab, const int64_t *gtab,
+                      int64_t sources) {
     Level whole = lv[k0];
     for (int64_t k = k0 + 1; k < k1; k++) {
         whole.room = lv[k].room > whole.room ? lv[k].room : whole.room;
@@ -1012,7 +1037,7 @@ static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, in
     int64_t *offs = malloc(n * 2 * whole.maxRH * sizeof(int64_t));
     int status = 2;
     if (t && ptrs && offs) {
-        const int64_t parts = n == 1 ? 1 : B < PARTS * n ? B : PARTS * n;
+        const int64_t parts = parts_for(&whole, n, B, example_bytes(tab, sources, item) + example_bytes(gtab, sources, item));
         const Job job = {all, at + k0, lv + k0, k1 - k0, max, backward, is_double, B, n, parts, tab, gtab, t,
                          whole.room * item, whole.maxRH, ptrs, offs};
         run_job(&job);
@@ -1038,7 +1063,7 @@ static PyObject *run(PyObject *args, int backward) {
     }
     const int64_t *all = (const int64_t *)levels.buf, *tab = (const int64_t *)table.buf;
     const int64_t *gtab = backward ? (const int64_t *)gtable.buf : NULL;
-    const int64_t size = levels.len / (Py_ssize_t)sizeof(int64_t);
+    const int64_t size = levels.len / (Py_ssize_t)sizeof(int64_t), sources = table.len / (Py_ssize_t)(2 * sizeof(int64_t));
     const int64_t one[2] = {0, size}, *at = starts.buf ? (const int64_t *)starts.buf : one;
     const int64_t count = starts.buf ? starts.len / (Py_ssize_t)sizeof(int64_t) - 1 : 1;
     Level *lv = malloc((count > 0 ? count : 1) * sizeof(Level));
@@ -1052,7 +1077,7 @@ static PyObject *run(PyObject *args, int backward) {
     for (int64_t k0 = 0, k1; k0 < count && !status; k0 = k1) {
         k1 = k0 + 1;
         while (k1 < count && !lv[k0].shared_writes && !lv[k1].shared_writes) k1++;
-        status = run_levels(all, at, lv, k0, k1, max, backward, is_double, B, threads, tab, gtab);
+        status = run_levels(all, at, lv, k0, k1, max, backward, is_double, B, threads, tab, gtab, sources);
     }
     Py_END_ALLOW_THREADS
     free(lv);
@@ -1069,12 +1094,27 @@ static PyObject *run(PyObject *args, int backward) {
 static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); }
 static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1); }
 
+static PyObject *get_part_bytes(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(part_bytes); }
+
+static PyObject *set_part_bytes(PyObject *self, PyObject *args) {
+    long long bytes;
+    if (!PyArg_ParseTuple(args, "L", &bytes)) return NULL;
+    if (bytes < 1) {
+        PyErr_SetString(PyExc_ValueError, "set_part_bytes: expected a positive number of bytes");
+        return NULL;
+    }
+    part_bytes = bytes;
+    Py_RETURN_NONE;
+}
+
 
 
 
 static PyMethodDef methods[] = {
     {"forward", forward, METH_VARARGS, "forward(max, double, B, threads, table, levels[, starts]): the levels' items into their heads"},
     {"backward", backward, METH_VARARGS, "backward(max, double, B, threads, table, grads, levels[, starts]): the levels' gradients"},
+    {"part_bytes", get_part_bytes, METH_NOARGS, "part_bytes(): the bytes of the buffers' rows a part of the batch is kept within"},
+    {"set_part_bytes", set_part_bytes, METH_VARARGS, "set_part_bytes(bytes): keep a part of the batch within this many bytes of rows"},
     ISA_METHODS
     {NULL, NULL, 0, NULL},
 };
