@@ -324,3 +324,29 @@ def test_the_bilstm_distance_encoder_adds_the_distance_scores_to_the_bilinear_on
         for masked in (True, False):
             assert torch.allclose(model.tree_scores(words, lengths, masked=masked),
                                   plain.tree_scores(words, lengths, masked=masked) + model.distance_scores(lengths, 8))
+
+
+def _conllu(sentences: list[list[tuple[str, str, int]]]) -> str:
+    """CoNLL-U text of sentences given as (form, UPOS, head) per word."""
+    blocks = []
+    for k, words in enumerate(sentences):
+        lines = [f"# sent_id = s{k}"] + [f"{i}\t{form}\t{form}\t{pos}\t_\t_\t{head}\tdep\t_\t_"
+                                         for i, (form, pos, head) in enumerate(words, 1)]
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks) + "\n"
+
+
+def test_dropping_punctuation_reads_a_sentence_of_punctuation_only_whole(tmp_path):
+    """EWT dev has a sentence that is all punctuation: with --drop-punct it is read as it is (there
+    is nothing else to read) and gets a tree, and the other sentences lose their punctuation."""
+    text = _conllu([[("dogs", "NOUN", 2), ("bark", "VERB", 0), (".", "PUNCT", 2)],
+                    [("-", "PUNCT", 0), ("-", "PUNCT", 1)],
+                    [("cats", "NOUN", 2), ("sleep", "VERB", 0), ("!", "PUNCT", 2)]])
+    for path in (*induce.HELD_OUT["test"][0], induce.HELD_OUT["test"][1]):
+        (tmp_path / "ud" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ud" / path).write_text(text)
+    rows = induce.main(["--objective", "dmv", "--values", "upos", "--drop-punct", "--evaluate", "dev", "--epochs", "1",
+                        "--data-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    dmv = {r["trees"]: r for r in rows}["dmv"]
+    assert dmv["eval_sentences"] == 3 and dmv["train_sentences"] == 4  # two files, the punctuation-only sentence not trained on
+    assert 0 <= dmv["directed_no_punct"] <= 1

@@ -381,6 +381,11 @@ def without_punctuation(s: Sentence) -> Sentence:
                     tuple(head(m) for m in keep), tuple(s.deprels[m - 1] for m in keep))
 
 
+def has_words(s: Sentence) -> bool:
+    """Whether ``s`` has a word that is not punctuation (gold UPOS)."""
+    return any(pos != "PUNCT" for pos in s.upos)
+
+
 def with_punctuation(s: Sentence, heads: Sequence[int]) -> list[int]:
     """The heads over all words of ``s`` of a tree ``heads`` over its words without punctuation
     (:func:`without_punctuation`): each punctuation mark attached to the word before it (the first
@@ -467,9 +472,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     view = without_punctuation if args.drop_punct else (lambda s: s)
     train = [v for f in train_files for s in read_conllu(ud / f, args.max_sentences) if 0 < (v := view(s)).n <= args.max_train_length]
     test = read_conllu(ud / eval_file, args.max_sentences)
-    shown = [view(s) for s in test]  # what the model reads
-    if any(s.n == 0 for s in shown):
-        raise SystemExit("induce --drop-punct: an evaluation sentence is all punctuation")
+    shown = [view(s) if has_words(s) else s for s in test]  # what the model reads (punctuation only: read whole)
     index = word_index(train)
     tag_index = word_index(train, min_count=1, field="upos") if args.values == "upos" else None
     rng, generator = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
@@ -526,7 +529,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             curve.append({"epoch": args.epochs + epoch + 1, "cloze_loss": loss, "skipped_batches": 0, "seconds": time.perf_counter() - start,
                           "stage": "student"})
         induced["layer"] = induced_trees(student, shown, index)["unmasked"]
-    restored = {k: [with_punctuation(s, h) for s, h in zip(test, v)] for k, v in induced.items()} if args.drop_punct else induced
+    restored = ({k: [with_punctuation(s, h) if has_words(s) else h for s, h in zip(test, v)] for k, v in induced.items()}
+                if args.drop_punct else induced)
     trees = {"gold": [list(s.heads) for s in test], **restored, **chain_trees(test)}
     short = [i for i, s in enumerate(test) if sum(pos != "PUNCT" for pos in s.upos) <= SHORT]
     induce_seconds = time.perf_counter() - start
