@@ -263,6 +263,13 @@ def test_quick_run_writes_tables_and_figures(tmp_path):
     assert {r["task"] for r in table} == {"2", "average"}
     assert all(0 <= float(r["test_answer"]) <= 100 and 0 <= float(r["test_fact"]) <= 100 for r in table)
     assert table[0]["paper_answer"] == "87.3" and float(table[0]["seconds"]) > 0
+    with open(tmp_path / "babi_questions.csv") as f:
+        questions = list(csv.DictReader(f))
+    for r in table[:-len(babi.MODELS)]:  # the reported run's questions give its test accuracies
+        mine = [q for q in questions if q["task"] == r["task"] and q["model"] == r["model"]]
+        assert {q["seed"] for q in mine} == {r["best_seed"]} and len(mine) == 200
+        assert 100 * sum(int(q["answer_correct"]) for q in mine) / len(mine) == pytest.approx(float(r["test_answer"]))
+        assert 100 * sum(int(q["fact_correct"]) for q in mine) / len(mine) == pytest.approx(float(r["test_fact"]))
 
 
 def test_options_that_cannot_run_are_refused_before_any_training(capsys):

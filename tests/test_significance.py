@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from structures.experiments.significance import (
-    attached_per_sentence, main, paired_bootstrap, t_two_sided, welch,
+    attached_per_sentence, compare_questions, main, paired_bootstrap, t_two_sided, welch,
 )
 from structures.experiments.ud import Sentence
 
@@ -121,3 +121,30 @@ def test_the_parses_command_compares_two_predicted_files(tmp_path, capsys):
           "--samples", "100"])
     out = capsys.readouterr().out
     assert "UAS a 100.00, b 40.00" in out and "difference +0.6" in out
+
+
+def _questions(path, answers, facts=None):
+    rows = ["task,model,seed,question,answer_correct,fact_correct"]
+    for q, a in enumerate(answers):
+        rows.append(f"{2 + q % 2},binary,0,{q // 2},{a},{(facts or answers)[q]}")
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_two_babi_runs_are_compared_question_by_question(tmp_path, capsys):
+    right = _questions(tmp_path / "a.csv", [1] * 40)
+    wrong = _questions(tmp_path / "b.csv", [0] * 40, facts=[1] * 40)
+    result = compare_questions(right, wrong, samples=200)
+    assert set(result) == {"task 2 binary", "task 3 binary", "all"}
+    acc_a, acc_b, c = result["all"]
+    assert (acc_a, acc_b, c.difference) == (100.0, 0.0, 100.0) and c.p_value == 1 / 201
+    same = compare_questions(right, right, samples=200)["task 2 binary"][2]
+    assert same.difference == 0 and same.p_value == 1.0
+    assert compare_questions(right, wrong, column="fact_correct", samples=200)["all"][2].difference == 0
+    main(["questions", str(right), str(wrong), "--samples", "200"])
+    assert "all: a 100.0, b 0.0; a - b: difference +100" in capsys.readouterr().out
+
+
+def test_runs_of_different_questions_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="same tasks, models and questions"):
+        compare_questions(_questions(tmp_path / "a.csv", [1] * 40), _questions(tmp_path / "b.csv", [1] * 38))

@@ -310,19 +310,22 @@ def fact_sequence_correct(selected: Tensor, support: Tensor) -> Tensor:
 @torch.no_grad()
 def evaluate(model: BabiModel, data: Batch, batch_size: int = 256) -> dict[str, Tensor]:
     """``{"loss", "answer", "fact"}``, each ``[R]``: every replica's mean loss, answer accuracy and
-    supporting-fact sequence accuracy (%) on all of ``data``."""
+    supporting-fact sequence accuracy (%) on all of ``data``; ``"answer_each"``, ``"fact_each"``
+    ``[R, N]`` bool: each question's (for paired comparisons)."""
     model.eval()
     R = model.replicas
-    loss, answer, fact = torch.zeros(R), torch.zeros(R), torch.zeros(R)
-    per_replica = lambda t: t.float().view(R, -1).sum(1)  # noqa: E731
+    loss, answers, facts = torch.zeros(R), [], []
+    per_replica = lambda t: t.view(R, -1)  # noqa: E731
     for index in torch.arange(len(data)).split(batch_size):
         batch = data.select(index.repeat(R))
         logits, out = model(batch)
-        loss += per_replica(nn.functional.cross_entropy(logits, batch.answers, reduction="none"))
-        answer += per_replica(logits.argmax(-1) == batch.answers)
-        fact += per_replica(fact_sequence_correct(model.selected_facts(out), batch.support))
+        loss += per_replica(nn.functional.cross_entropy(logits, batch.answers, reduction="none")).sum(1)
+        answers.append(per_replica(logits.argmax(-1) == batch.answers))
+        facts.append(per_replica(fact_sequence_correct(model.selected_facts(out), batch.support)))
+    answer, fact = torch.cat(answers, 1), torch.cat(facts, 1)
     n = len(data)
-    return {"loss": loss / n, "answer": 100 * answer / n, "fact": 100 * fact / n}
+    return {"loss": loss / n, "answer": 100 * answer.float().sum(1) / n, "fact": 100 * fact.float().sum(1) / n,
+            "answer_each": answer, "fact_each": fact}
 
 
 SELECT_EPOCH = ("last", "softmax", "any")
@@ -500,6 +503,19 @@ def write_runs(run_rows: list[dict], path: Path) -> None:
         writer.writerows(run_rows)
 
 
+def write_questions(best: dict[tuple[int, str], tuple[tuple, BabiModel, dict]], tasks: dict[int, Task], path: Path) -> None:
+    """Each test question's answer and fact correctness (0/1) under the run reported for each task
+    and model (``babi_questions.csv``): two runs' files give a paired bootstrap over the questions
+    (``python -m structures.experiments.significance questions``)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["task", "model", "seed", "question", "answer_correct", "fact_correct"])
+        for (task_number, kind), (_, model, result) in sorted(best.items()):
+            test = evaluate(model, tasks[task_number].test)
+            for q, (a, c) in enumerate(zip(test["answer_each"][0].tolist(), test["fact_each"][0].tolist())):
+                writer.writerow([task_number, kind, result["seed"], q, int(a), int(c)])
+
+
 def plot_tasks(rows: list[dict], path: Path) -> None:
     """Per-task bars of test answer and fact accuracy per model, the paper's values as black ticks."""
     import matplotlib
@@ -638,6 +654,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     plot_task = args.plot_task if args.plot_task in args.tasks else args.tasks[0]
     tasks = {t: load_task(t, args.data_dir, seed=args.seed, limit=limit, split=args.split) for t in args.tasks}
     runs: dict[tuple[int, str], list[dict]] = {}
+    best: dict[tuple[int, str], tuple[tuple, BabiModel, dict]] = {}  # the reported run so far: its ranking key, model, row
     run_rows, plot_best = [], None
     bar = Progress(total=len(args.tasks) * len(args.models) * args.runs, desc="babi")
     # seeds outermost: after each group every task and model has more runs, and the tables (written
@@ -649,6 +666,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for model, result in train_runs(kind, task, seeds, config):
                     runs.setdefault((task_number, kind), []).append(result)
                     run_rows.append({"task": task_number, "model": kind, **result})
+                    rank = (result["valid_answer"], -result["valid_loss"])
+                    if (task_number, kind) not in best or rank > best[task_number, kind][0]:
+                        best[task_number, kind] = (rank, model, result)
                     if (task_number, kind) == (plot_task, plot_kind) and (plot_best is None or (result["valid_answer"], -result["valid_loss"]) > plot_best):
                         plot_best = (result["valid_answer"], -result["valid_loss"])
                         plot_hops(model, task, args.out / "babi_hops.png")
@@ -657,6 +677,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows = [summarize(t, m, r) for (t, m), r in runs.items()]
                 write_tables(rows + average_rows(rows, args.models), args.out, command, range(args.seed, seeds[-1] + 1))
                 write_runs(run_rows, args.out / "babi_runs.csv")
+                write_questions(best, tasks, args.out / "babi_questions.csv")
             plot_tasks(rows, args.out / "babi_tasks.png")
     bar.close()
     rows += average_rows(rows, args.models)

@@ -19,6 +19,7 @@ percentile interval of the resampled differences.
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +182,34 @@ def compare_parses(gold: Path, a: Path, b: Path, no_punct: bool = False, samples
             paired_bootstrap(right_a, right_b, words, samples=samples, seed=seed))
 
 
+def compare_questions(a: Path, b: Path, column: str = "answer_correct", samples: int = 10_000,
+                      seed: int = 0) -> dict[str, tuple[float, float, Comparison]]:
+    """Paired bootstraps over the test questions of two bAbI runs' ``babi_questions.csv`` files
+    (:func:`structures.experiments.babi.write_questions`), per task and model and over all of them:
+    ``{"task 2 binary": (accuracy a, accuracy b, a - b), ..., "all": ...}`` (accuracies in %). The
+    two files must score the same questions."""
+
+    def read(path: Path) -> dict[tuple[str, str, str], float]:
+        with open(path, newline="") as f:
+            return {(r["task"], r["model"], r["question"]): float(r[column]) for r in csv.DictReader(f)}
+
+    ra, rb = read(a), read(b)
+    if ra.keys() != rb.keys():
+        raise ValueError(f"a, b: expected the same tasks, models and questions, got {len(ra)} and {len(rb)} "
+                         f"({len(ra.keys() ^ rb.keys())} not in both)")
+    groups: dict[str, list[tuple[str, str, str]]] = {}
+    for key in ra:
+        groups.setdefault(f"task {key[0]} {key[1]}", []).append(key)
+    groups["all"] = list(ra)
+    out = {}
+    for name, keys in groups.items():
+        xa, xb = [ra[k] for k in keys], [rb[k] for k in keys]
+        c = paired_bootstrap(xa, xb, samples=samples, seed=seed)
+        out[name] = (100 * float(np.mean(xa)), 100 * float(np.mean(xb)),
+                     Comparison(100 * c.difference, 100 * c.low, 100 * c.high, c.p_value, c.confidence))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = command_line("significance", __doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -192,6 +221,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parses.add_argument("--no-punct", action="store_true", help="leave out words whose gold UPOS is PUNCT")
     parses.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples of the sentences")
     parses.add_argument("--seed", type=int, default=0, help="the resampling generator's seed")
+    questions = sub.add_parser("questions", help="paired bootstrap over the questions of two bAbI runs' babi_questions.csv",
+                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    questions.add_argument("a", type=Path)
+    questions.add_argument("b", type=Path)
+    questions.add_argument("--facts", action="store_true", help="compare supporting-fact accuracy, not answer accuracy")
+    questions.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples of the questions")
+    questions.add_argument("--seed", type=int, default=0, help="the resampling generator's seed")
     seeds = sub.add_parser("seeds", help="Welch's t-test between two systems' per-seed scores")
     seeds.add_argument("--a", type=float, nargs="+", required=True)
     seeds.add_argument("--b", type=float, nargs="+", required=True)
@@ -200,6 +236,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         uas_a, uas_b, result = compare_parses(args.gold, args.a, args.b, args.no_punct, args.samples, args.seed)
         print(f"UAS a {100 * uas_a:.2f}, b {100 * uas_b:.2f}; a - b: {result} "
               f"({args.samples} resamples of the sentences)")
+    elif args.command == "questions":
+        column = "fact_correct" if args.facts else "answer_correct"
+        for name, (acc_a, acc_b, result) in compare_questions(args.a, args.b, column, args.samples, args.seed).items():
+            print(f"{name}: a {acc_a:.1f}, b {acc_b:.1f}; a - b: {result}")
     else:
         print(f"mean a {np.mean(args.a):.4g} (sd {np.std(args.a, ddof=1):.3g}, n {len(args.a)}), "
               f"mean b {np.mean(args.b):.4g} (sd {np.std(args.b, ddof=1):.3g}, n {len(args.b)}); a - b: {welch(args.a, args.b)}")
