@@ -6,6 +6,7 @@ import torch
 
 from brute import dependency_trees
 from structures.experiments import default_data_dir, induce
+from structures.experiments.significance import compare_parses
 from structures.experiments.attachment import TreeStatistics, chain_trees, depths, is_tree, score_trees
 from structures.experiments.ud import Sentence
 
@@ -105,6 +106,10 @@ def test_held_out_runs_score_ewt_dev_or_pud_and_sentences_of_ten_words_apart(tmp
     assert dev["gold"]["directed_no_punct_short"] == test["gold"]["directed_no_punct_short"] == 1.0
     assert 0 < dev["dmv"]["short_sentences"] < 20 and dev["dmv"]["evaluate"] == "dev"
     assert (tmp_path / "en_bilinear_dev_dmv_upos.csv").exists() and (tmp_path / "en_bilinear_test_dmv_upos.csv").exists()
+    gold = tmp_path / "en_bilinear_test_dmv_upos_gold.conllu"  # each kind's trees as CoNLL-U, for paired bootstraps
+    uas_dmv, uas_left, _ = compare_parses(gold, tmp_path / "en_bilinear_test_dmv_upos_dmv.conllu",
+                                          tmp_path / "en_bilinear_test_dmv_upos_left-branching.conllu", no_punct=True, samples=10)
+    assert uas_dmv == pytest.approx(test["dmv"]["directed_no_punct"]) and uas_left == pytest.approx(test["left-branching"]["directed_no_punct"])
     with pytest.raises(SystemExit):
         induce.main(["--quick", "--language", "de", "--evaluate", "test", "--out", str(tmp_path)])
 

@@ -59,7 +59,7 @@ from .parse import length_groups, markdown_table, write_csv
 from .provenance import provenance, provenance_line
 from .progress import Progress, report
 from . import command_line, default_data_dir
-from .ud import PUD, TREEBANKS, Sentence, read_conllu
+from .ud import PUD, TREEBANKS, Sentence, read_conllu, write_conllu
 from .dmv import DMV, parses, run_epoch
 from .dmv import fit as fit_dmv
 from .vocabulary import MASK, PAD, UNK, encode, word_index
@@ -533,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 if args.drop_punct else induced)
     trees = {"gold": [list(s.heads) for s in test], **restored, **chain_trees(test)}
     short = [i for i, s in enumerate(test) if sum(pos != "PUNCT" for pos in s.upos) <= SHORT]
+    for kind, heads in trees.items():  # (gold: the sentences scored; any two compare by significance parses)
+        write_conllu(args.out / f"{name}_{kind}.conllu", test, heads)
     induce_seconds = time.perf_counter() - start
     wall = time.perf_counter() - wall
     rows = [{"language": args.language, "objective": args.objective, "targets": args.targets, "mask_rate": args.mask_rate, "values": args.values, "structure": args.structure, "encoder": args.encoder, "drop_punct": args.drop_punct, "student_epochs": args.student_epochs, "restarts": args.restarts, "hub_penalty": args.hub_penalty, "uniform_epochs": args.uniform_epochs, "adjacency": args.adjacency, "trees": k,
