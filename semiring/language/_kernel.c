@@ -1023,7 +1023,7 @@ static int64_t parts_for(const Level *whole, int64_t n, int64_t B, int64_t per_e
  * one level): 0, or 2 where memory ran out */
 static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, int64_t k0, int64_t k1, int max,
                       int backward, int is_double, int64_t B, int64_t threads, const int64_t *tab, const int64_t *gtab,
-                      int64_t sources) {
+                      int64_t per_example) {
     Level whole = lv[k0];
     for (int64_t k = k0 + 1; k < k1; k++) {
         whole.room = lv[k].room > whole.room ? lv[k].room : whole.room;
@@ -1037,7 +1037,7 @@ static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, in
     int64_t *offs = malloc(n * 2 * whole.maxRH * sizeof(int64_t));
     int status = 2;
     if (t && ptrs && offs) {
-        const int64_t parts = parts_for(&whole, n, B, example_bytes(tab, sources, item) + example_bytes(gtab, sources, item));
+        const int64_t parts = parts_for(&whole, n, B, per_example);
         const Job job = {all, at + k0, lv + k0, k1 - k0, max, backward, is_double, B, n, parts, tab, gtab, t,
                          whole.room * item, whole.maxRH, ptrs, offs};
         run_job(&job);
@@ -1063,7 +1063,10 @@ static PyObject *run(PyObject *args, int backward) {
     }
     const int64_t *all = (const int64_t *)levels.buf, *tab = (const int64_t *)table.buf;
     const int64_t *gtab = backward ? (const int64_t *)gtable.buf : NULL;
-    const int64_t size = levels.len / (Py_ssize_t)sizeof(int64_t), sources = table.len / (Py_ssize_t)(2 * sizeof(int64_t));
+    const int64_t size = levels.len / (Py_ssize_t)sizeof(int64_t);
+    const size_t item = is_double ? sizeof(double) : sizeof(float);
+    const int64_t per_example = example_bytes(tab, table.len / (Py_ssize_t)(2 * sizeof(int64_t)), item)
+                              + example_bytes(gtab, backward ? gtable.len / (Py_ssize_t)(2 * sizeof(int64_t)) : 0, item);
     const int64_t one[2] = {0, size}, *at = starts.buf ? (const int64_t *)starts.buf : one;
     const int64_t count = starts.buf ? starts.len / (Py_ssize_t)sizeof(int64_t) - 1 : 1;
     Level *lv = malloc((count > 0 ? count : 1) * sizeof(Level));
@@ -1077,7 +1080,7 @@ static PyObject *run(PyObject *args, int backward) {
     for (int64_t k0 = 0, k1; k0 < count && !status; k0 = k1) {
         k1 = k0 + 1;
         while (k1 < count && !lv[k0].shared_writes && !lv[k1].shared_writes) k1++;
-        status = run_levels(all, at, lv, k0, k1, max, backward, is_double, B, threads, tab, gtab, sources);
+        status = run_levels(all, at, lv, k0, k1, max, backward, is_double, B, threads, tab, gtab, per_example);
     }
     Py_END_ALLOW_THREADS
     free(lv);
