@@ -434,11 +434,16 @@ def train_runs(kind: str, task: Task, seeds: list[int], config: RunConfig) -> li
     return runs
 
 
+def validation_rank(run: dict) -> tuple[float, float]:
+    """How runs are ranked to report one: validation answer accuracy, then the lower loss."""
+    return run["valid_answer"], -run["valid_loss"]
+
+
 def summarize(task: int, kind: str, runs: list[dict]) -> dict:
     """The table row: the best run on validation answer accuracy (then loss), means over runs, and
     ``top_half_test_fact``, the mean test fact accuracy of the better half of the runs by validation
     (Kim et al.'s Table 4 fact score: the 10 best of 20)."""
-    ranked = sorted(runs, key=lambda r: (r["valid_answer"], -r["valid_loss"]), reverse=True)
+    ranked = sorted(runs, key=validation_rank, reverse=True)
     best, top_half = ranked[0], ranked[:max(1, len(ranked) // 2)]
     paper_answer, paper_fact = paper(task, kind)
     mean = lambda key, rs=runs: sum(r[key] for r in rs) / len(rs)  # noqa: E731
@@ -666,11 +671,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for model, result in train_runs(kind, task, seeds, config):
                     runs.setdefault((task_number, kind), []).append(result)
                     run_rows.append({"task": task_number, "model": kind, **result})
-                    rank = (result["valid_answer"], -result["valid_loss"])
+                    rank = validation_rank(result)
                     if (task_number, kind) not in best or rank > best[task_number, kind][0]:
                         best[task_number, kind] = (rank, model, result)
-                    if (task_number, kind) == (plot_task, plot_kind) and (plot_best is None or (result["valid_answer"], -result["valid_loss"]) > plot_best):
-                        plot_best = (result["valid_answer"], -result["valid_loss"])
+                    if (task_number, kind) == (plot_task, plot_kind) and (plot_best is None or rank > plot_best):
+                        plot_best = rank
                         plot_hops(model, task, args.out / "babi_hops.png")
                     report(bar, f"task {task_number} {kind} seed {result['seed']}", ans=f"{result['test_answer']:.1f}", fact=f"{result['test_fact']:.1f}")
                     bar.update()

@@ -466,8 +466,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     torch.manual_seed(args.seed)
     wall = time.perf_counter()
 
-    train_files, eval_file = (LANGUAGES if args.evaluate == "transductive" else HELD_OUT)[
-        args.language if args.evaluate == "transductive" else args.evaluate]
+    train_files, eval_file = LANGUAGES[args.language] if args.evaluate == "transductive" else HELD_OUT[args.evaluate]
     ud = args.data_dir / "ud"
     view = without_punctuation if args.drop_punct else (lambda s: s)
     train = [v for f in train_files for s in read_conllu(ud / f, args.max_sentences) if 0 < (v := view(s)).n <= args.max_train_length]
