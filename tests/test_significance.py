@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from structures.experiments.significance import (
-    attached_per_sentence, compare_questions, main, paired_bootstrap, t_two_sided, welch,
+    attached_per_sentence, compare_formulas, compare_questions, main, paired_bootstrap, t_two_sided, welch,
 )
 from structures.experiments.ud import Sentence
 
@@ -148,3 +148,21 @@ def test_two_babi_runs_are_compared_question_by_question(tmp_path, capsys):
 def test_runs_of_different_questions_are_refused(tmp_path):
     with pytest.raises(ValueError, match="same tasks, models and questions"):
         compare_questions(_questions(tmp_path / "a.csv", [1] * 40), _questions(tmp_path / "b.csv", [1] * 38))
+
+
+def test_two_models_of_a_transduction_run_are_compared_formula_by_formula(tmp_path, capsys):
+    path = tmp_path / "formulas.csv"
+    rows = ["formula,depth,prefix,simple,structured"]
+    rows += [f"{i},{2 + i % 2},+ 1 2,{0.5 if i % 2 else 0.25},{1 if i % 2 else 0.25}" for i in range(40)]
+    path.write_text("\n".join(rows) + "\n")
+    result = compare_formulas(path, "structured", "simple", samples=200)
+    assert set(result) == {"depth 2", "depth 3", "all"}
+    a, b, c = result["depth 3"]
+    assert (a, b, c.difference) == (100.0, 50.0, 50.0) and c.p_value == 1 / 201
+    a, b, c = result["depth 2"]
+    assert (a, b, c.difference) == (25.0, 25.0, 0.0) and c.p_value == 1.0
+    assert result["all"][2].difference == pytest.approx(25.0)
+    with pytest.raises(ValueError, match="models of"):
+        compare_formulas(path, "structured", "none")
+    main(["formulas", str(path), "--a", "structured", "--b", "simple", "--samples", "200"])
+    assert "depth 3: structured 100.0, simple 50.0; a - b: difference +50" in capsys.readouterr().out

@@ -77,10 +77,22 @@ class Oracle(nn.Module):
 
 
 def test_metric_is_the_proportion_correct_before_the_first_error():
-    batch = T.collate(T.make_data(5, 1, 1, train_depths=[2], seed=1)["train"])
+    pairs = T.make_data(5, 1, 1, train_depths=[2], seed=1)["train"]
+    batch, = T.batches(pairs, 100)
     assert torch.allclose(T.correct_prefix(Oracle(batch), batch), torch.ones(len(batch)))
     assert torch.allclose(T.correct_prefix(Oracle(batch, error=2), batch), 2 / batch.tgt_lengths.float())
-    assert T.evaluate(Oracle(batch), [batch]) == {2: 100.0}
+    assert T.evaluate(Oracle(batch), pairs) == {2: 100.0}
+
+
+def test_formula_scores_follow_the_pairs_order_whatever_the_batches():
+    pairs = T.make_data(12, 1, 1, train_depths=[2, 3], seed=2)["train"]
+    order = [i for index in T.batch_order(pairs, 100) for i in index]
+    assert order != list(range(len(pairs)))  # the batch sorts by length: the scores must be put back
+    batch = T.collate([pairs[i] for i in order])
+    scores = T.formula_scores(Oracle(batch, error=1), pairs)
+    assert scores == pytest.approx([1 / len(p.infix) for p in pairs])
+    assert T.by_depth(pairs, scores) == pytest.approx(
+        {d: 100 * sum(1 / len(p.infix) for p in pairs if p.depth == d) / 12 for d in (2, 3)})
 
 
 @pytest.mark.parametrize("kind", T.KINDS)
@@ -106,8 +118,14 @@ def test_build_model_rejects_an_unknown_kind():
 def test_quick_run_writes_the_table_and_figures_and_prints_the_table_once(tmp_path, capsys):
     results = T.main(["--quick", "--out", str(tmp_path), "--seed", "3"])
     assert set(results) == set(T.KINDS)
-    for name in ("results.md", "results.csv", "accuracy.png", "attention.png"):
+    for name in ("results.md", "results.csv", "formulas.csv", "accuracy.png", "attention.png"):
         assert (tmp_path / name).stat().st_size > 0
+    formulas = list(csv.DictReader(open(tmp_path / "formulas.csv")))
+    assert len(formulas) == 30 and {f["depth"] for f in formulas} == {"2", "3", "4"}
+    for kind in T.KINDS:
+        for depth in (2, 3, 4):
+            mean = 100 * sum(float(f[kind]) for f in formulas if f["depth"] == str(depth)) / 10
+            assert mean == pytest.approx(results[kind]["test"][depth], abs=1e-3)
     rows = list(csv.reader(open(tmp_path / "results.csv")))
     assert rows[0][:4] == ["depth", "none", "simple", "structured"]
     assert [r[0] for r in rows[1:]] == ["2", "3", "4", "wall_seconds", "cpu_seconds", "commit", "cpu", "threads", "seeds"]

@@ -1,11 +1,15 @@
 """Is one system better than another? A paired bootstrap over test items and Welch's t-test over seeds.
 
     python -m structures.experiments.significance parses GOLD.conllu A.conllu B.conllu [--no-punct]
+    python -m structures.experiments.significance questions A/babi_questions.csv B/babi_questions.csv [--facts]
+    python -m structures.experiments.significance formulas RUN/formulas.csv --a structured --b simple
     python -m structures.experiments.significance seeds --a 76.99 77.08 77.25 --b 77.13 76.61 76.48
 
 ``parses`` compares two parsers' predicted CoNLL-U files (as ``structures.experiments.parse``
 writes them) on the same gold file by a paired bootstrap over sentences of the corpus-level UAS;
-``seeds`` compares two lists of per-seed scores by Welch's t-test. The rule they serve is in
+``questions`` compares two bAbI runs over their test questions and ``formulas`` two models of one
+transduction run over its test formulas, each by a paired bootstrap of the mean per group (task,
+depth) and over all; ``seeds`` compares two lists of per-seed scores by Welch's t-test. The rule they serve is in
 docs/protocol.md: wherever two systems are compared, the comparison states its significance.
 
 The bootstrap (Efron & Tibshirani 1993; for NLP, Koehn 2004 and Berg-Kirkpatrick et al. 2012)
@@ -182,6 +186,18 @@ def compare_parses(gold: Path, a: Path, b: Path, no_punct: bool = False, samples
             paired_bootstrap(right_a, right_b, words, samples=samples, seed=seed))
 
 
+def compare_groups(groups: dict[str, tuple[Sequence[float], Sequence[float]]], samples: int = 10_000,
+                   seed: int = 0) -> dict[str, tuple[float, float, Comparison]]:
+    """A paired bootstrap of the mean item score for each group of items: ``{name: (a's items,
+    b's items)}`` with scores in [0, 1] gives ``{name: (mean a, mean b, a - b)}`` in %."""
+    out = {}
+    for name, (xa, xb) in groups.items():
+        c = paired_bootstrap(xa, xb, samples=samples, seed=seed)
+        out[name] = (100 * float(np.mean(xa)), 100 * float(np.mean(xb)),
+                     Comparison(100 * c.difference, 100 * c.low, 100 * c.high, c.p_value, c.confidence))
+    return out
+
+
 def compare_questions(a: Path, b: Path, column: str = "answer_correct", samples: int = 10_000,
                       seed: int = 0) -> dict[str, tuple[float, float, Comparison]]:
     """Paired bootstraps over the test questions of two bAbI runs' ``babi_questions.csv`` files
@@ -201,13 +217,27 @@ def compare_questions(a: Path, b: Path, column: str = "answer_correct", samples:
     for key in ra:
         groups.setdefault(f"task {key[0]} {key[1]}", []).append(key)
     groups["all"] = list(ra)
-    out = {}
-    for name, keys in groups.items():
-        xa, xb = [ra[k] for k in keys], [rb[k] for k in keys]
-        c = paired_bootstrap(xa, xb, samples=samples, seed=seed)
-        out[name] = (100 * float(np.mean(xa)), 100 * float(np.mean(xb)),
-                     Comparison(100 * c.difference, 100 * c.low, 100 * c.high, c.p_value, c.confidence))
-    return out
+    return compare_groups({name: ([ra[k] for k in keys], [rb[k] for k in keys]) for name, keys in groups.items()},
+                          samples, seed)
+
+
+def compare_formulas(path: Path, a: str, b: str, samples: int = 10_000,
+                     seed: int = 0) -> dict[str, tuple[float, float, Comparison]]:
+    """Paired bootstraps over the test formulas of a transduction run's ``formulas.csv``
+    (:func:`structures.experiments.transduction.write_tables`) between its models ``a`` and ``b``,
+    per nesting depth and over all: ``{"depth 2": (length to failure a, b, a - b), ..., "all": ...}`` (in %)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for model in (a, b):
+        if not rows or model not in rows[0]:
+            raise ValueError(f"a, b: expected models of {path} ({', '.join(list(rows[0])[3:]) if rows else 'none'}), "
+                             f"got {model!r}")
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(f"depth {r['depth']}", []).append(r)
+    groups["all"] = rows
+    return compare_groups({name: ([float(r[a]) for r in rs], [float(r[b]) for r in rs]) for name, rs in groups.items()},
+                          samples, seed)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -228,6 +258,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     questions.add_argument("--facts", action="store_true", help="compare supporting-fact accuracy, not answer accuracy")
     questions.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples of the questions")
     questions.add_argument("--seed", type=int, default=0, help="the resampling generator's seed")
+    formulas = sub.add_parser("formulas", help="paired bootstrap over the test formulas of two models of a transduction run",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    formulas.add_argument("csv", type=Path, help="the run's formulas.csv")
+    formulas.add_argument("--a", required=True, help="a model column, e.g. structured")
+    formulas.add_argument("--b", required=True, help="another model column, e.g. simple")
+    formulas.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples of the formulas")
+    formulas.add_argument("--seed", type=int, default=0, help="the resampling generator's seed")
     seeds = sub.add_parser("seeds", help="Welch's t-test between two systems' per-seed scores")
     seeds.add_argument("--a", type=float, nargs="+", required=True)
     seeds.add_argument("--b", type=float, nargs="+", required=True)
@@ -240,6 +277,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         column = "fact_correct" if args.facts else "answer_correct"
         for name, (acc_a, acc_b, result) in compare_questions(args.a, args.b, column, args.samples, args.seed).items():
             print(f"{name}: a {acc_a:.1f}, b {acc_b:.1f}; a - b: {result}")
+    elif args.command == "formulas":
+        for name, (score_a, score_b, result) in compare_formulas(args.csv, args.a, args.b, args.samples, args.seed).items():
+            print(f"{name}: {args.a} {score_a:.1f}, {args.b} {score_b:.1f}; a - b: {result}")
     else:
         print(f"mean a {np.mean(args.a):.4g} (sd {np.std(args.a, ddof=1):.3g}, n {len(args.a)}), "
               f"mean b {np.mean(args.b):.4g} (sd {np.std(args.b, ddof=1):.3g}, n {len(args.b)}); a - b: {welch(args.a, args.b)}")

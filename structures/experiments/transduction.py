@@ -113,17 +113,22 @@ def collate(pairs: Sequence[Pair], bucket: int = 8) -> Batch:
                  torch.tensor([len(p.infix) for p in pairs]), torch.tensor([p.depth for p in pairs]))
 
 
-def batches(pairs: Sequence[Pair], batch_size: int, rng: random.Random | None = None, bucket: int = 8) -> list[Batch]:
-    """Batches of examples of similar source length (sorted, then cut); with ``rng``, the pairs
-    within a length bucket and the order of the batches are shuffled."""
+def batch_order(pairs: Sequence[Pair], batch_size: int, rng: random.Random | None = None, bucket: int = 8) -> list[list[int]]:
+    """The indices into ``pairs`` of each batch: examples of similar source length (sorted, then
+    cut); with ``rng``, the pairs within a length bucket and the order of the batches are shuffled."""
     order = list(range(len(pairs)))
     if rng is not None:
         rng.shuffle(order)
     order.sort(key=lambda i: math.ceil((len(pairs[i].prefix) + 1) / bucket))  # stable: shuffled within a bucket
-    out = [collate([pairs[i] for i in order[k:k + batch_size]], bucket) for k in range(0, len(order), batch_size)]
+    out = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
     if rng is not None:
         rng.shuffle(out)
     return out
+
+
+def batches(pairs: Sequence[Pair], batch_size: int, rng: random.Random | None = None, bucket: int = 8) -> list[Batch]:
+    """The :class:`Batch` of each of :func:`batch_order`'s index lists."""
+    return [collate([pairs[i] for i in index], bucket) for index in batch_order(pairs, batch_size, rng, bucket)]
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -238,14 +243,28 @@ def mean_loss(model: nn.Module, data: Iterable[Batch]) -> float:
     return total / max(count, 1)
 
 
-def evaluate(model: nn.Module, data: Iterable[Batch]) -> dict[int, float]:
-    """Average proportion (%) of target symbols produced correctly until the first failure, by depth."""
+def formula_scores(model: nn.Module, pairs: Sequence[Pair], batch_size: int = 100) -> list[float]:
+    """Per pair, in the order of ``pairs``: the proportion of its target symbols produced correctly
+    until the first failure (:func:`correct_prefix`)."""
     model.eval()
+    out = [0.0] * len(pairs)
+    for index in batch_order(pairs, batch_size):
+        for i, a in zip(index, correct_prefix(model, collate([pairs[i] for i in index])).tolist()):
+            out[i] = a
+    return out
+
+
+def by_depth(pairs: Sequence[Pair], scores: Sequence[float]) -> dict[int, float]:
+    """The mean of ``scores`` (proportions, one per pair) in % for each nesting depth of ``pairs``."""
     sums: dict[int, list[float]] = {}
-    for batch in data:
-        for d, a in zip(batch.depth.tolist(), correct_prefix(model, batch).tolist()):
-            sums.setdefault(d, []).append(a)
+    for p, a in zip(pairs, scores):
+        sums.setdefault(p.depth, []).append(a)
     return {d: 100.0 * sum(v) / len(v) for d, v in sorted(sums.items())}
+
+
+def evaluate(model: nn.Module, pairs: Sequence[Pair]) -> dict[int, float]:
+    """Average proportion (%) of target symbols produced correctly until the first failure, by depth."""
+    return by_depth(pairs, formula_scores(model, pairs))
 
 
 def make_optimizer(model: nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
@@ -261,7 +280,8 @@ def fit(kind: str, data: dict[str, list[Pair]], config: argparse.Namespace, prog
     ``decay_after`` on, or from the first epoch whose validation loss does not improve) and test
     it. The loss, not the length to failure, decides: the latter sits at the same few percent for
     the first epochs, which would start the decay before anything is learned. Returns the model and
-    ``{"test": {depth: %}, "history": [per epoch], "seconds": wall time, "cpu_seconds": CPU time}``
+    ``{"test": {depth: %}, "formulas": [per test pair, a proportion], "history": [per epoch],
+    "seconds": wall time, "cpu_seconds": CPU time}``
     (on a shared machine the CPU time is what an idle core would take)."""
     start, cpu = time.time(), time.process_time()
     model = build_model(kind, config.dim, config.init, config.bounded, config.seed)
@@ -272,7 +292,7 @@ def fit(kind: str, data: dict[str, list[Pair]], config: argparse.Namespace, prog
     for epoch in range(1, config.epochs + 1):
         loss = train_epoch(model, batches(data["train"], config.batch_size, rng), optimizer, config.clip, progress)
         valid_loss = mean_loss(model, valid_batches)
-        valid = evaluate(model, valid_batches)
+        valid = evaluate(model, data["valid"])
         score = sum(valid.values()) / len(valid)
         history.append({"epoch": epoch, "loss": loss, "valid_loss": valid_loss, "valid": score,
                         "lr": optimizer.param_groups[0]["lr"]})
@@ -285,17 +305,23 @@ def fit(kind: str, data: dict[str, list[Pair]], config: argparse.Namespace, prog
         if decaying:
             for group in optimizer.param_groups:
                 group["lr"] *= 0.5
-    test = evaluate(model, batches(data["test"], 100))
-    return model, {"test": test, "history": history, "seconds": time.time() - start,
-                   "cpu_seconds": time.process_time() - cpu}
+    formulas = formula_scores(model, data["test"])
+    return model, {"test": by_depth(data["test"], formulas), "formulas": formulas, "history": history,
+                   "seconds": time.time() - start, "cpu_seconds": time.process_time() - cpu}
 
 
 # ---------------------------------------------------------------------------------------- output
 
 
 def write_tables(results: dict[str, dict], config: argparse.Namespace, data: dict, out: Path, total: float) -> str:
-    """``results.md`` and ``results.csv`` in ``out``; returns the markdown."""
+    """``results.md``, ``results.csv`` and ``formulas.csv`` (each test formula's score under each
+    model, for ``significance formulas``) in ``out``; returns the markdown."""
     depths = sorted(next(iter(results.values()))["test"])
+    with open(out / "formulas.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["formula", "depth", "prefix"] + list(results))
+        for i, pair in enumerate(data["test"]):
+            w.writerow([i, pair.depth, " ".join(pair.prefix)] + [f"{results[k]['formulas'][i]:.6g}" for k in results])
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["depth"] + list(results) + [f"paper_{k}" for k in KINDS])
