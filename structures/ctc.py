@@ -71,9 +71,9 @@ class CTC(StructuredDistribution):
         if validating() and bool((inside & (targets == blank)).any()):
             raise ValueError(f"targets: the blank {blank} appears within a target length")
         self.targets, self.blank = targets, blank
-        full = torch.ones(B, dtype=torch.long, device=log_probs.device)
-        self.input_lengths = full * T if input_lengths is None else input_lengths
-        self.target_lengths = full * S if target_lengths is None else target_lengths
+        every = lambda size: torch.full((B,), size, dtype=torch.long, device=log_probs.device)  # noqa: E731
+        self.input_lengths = every(T) if input_lengths is None else input_lengths
+        self.target_lengths = every(S) if target_lengths is None else target_lengths
         ext = torch.full((B, 2 * S + 1), blank, dtype=torch.long, device=targets.device)
         ext[:, 1::2] = targets.where(inside, blank)
         self.ext = ext

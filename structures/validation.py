@@ -105,11 +105,11 @@ def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int)
         raise ValueError(f"{name}: expected an integer tensor of shape {list(shape)}, got {getattr(x, 'dtype', type(x).__name__)}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(x.shape)}")
-    if not validating():
+    if not validating() or x.numel() == 0:
         return
-    bad = (x < lo) | (x > hi)
-    if bool(bad.any()):
-        raise ValueError(f"{name}: expected values in {lo}..{hi}, got {x[bad].tolist()}")
+    low, top = torch.stack(torch.aminmax(x)).tolist()  # one pass, one read
+    if low < lo or top > hi:
+        raise ValueError(f"{name}: expected values in {lo}..{hi}, got {x[(x < lo) | (x > hi)].tolist()}")
 
 
 def prefix_mask(lengths: Tensor, size: int) -> Tensor:
@@ -148,8 +148,10 @@ def check_lengths(lengths: Tensor | Sequence[int] | None, batch: int, lo: int, h
     if (lengths.dim() != 1 or lengths.shape[0] != batch or lengths.dtype.is_floating_point
             or lengths.dtype == torch.bool or lengths.is_complex()):
         raise ValueError(f"{name}: expected an integer tensor of shape [B] = [{batch}], got {lengths.dtype} {tuple(lengths.shape)}")
-    if reading_lengths() and batch and (int(lengths.min()) < lo or int(lengths.max()) > hi):
-        raise ValueError(f"{name}: expected values in {lo}..{hi}, got {lengths.tolist()}")
+    if reading_lengths() and batch:
+        low, top = torch.stack(torch.aminmax(lengths)).tolist()  # one pass, one read
+        if low < lo or top > hi:
+            raise ValueError(f"{name}: expected values in {lo}..{hi}, got {lengths.tolist()}")
     return lengths.to(device=device, dtype=torch.long)
 
 

@@ -126,15 +126,18 @@ class Run:
         if self.goal is not None and (isinstance(self.goal, int) or not torch.is_grad_enabled()):
             return self.goal
         box, names = self.plan.boxes[GOAL], self.plan.length_names
-        index: int | Tensor = 0
-        stride = 1
+        offset, index, stride = 0, None, 1  # the index is offset + the given lengths' terms
         for d in reversed(range(len(names))):
             given = (self.lengths or {}).get(names[d])
             if given is None:
-                index = index + (box.hi[d] - box.lo[d]) * stride
+                offset += (box.hi[d] - box.lo[d]) * stride
             else:
-                index = index + (given.to(goal.device) - box.lo[d]) * stride
+                given = given if given.device == goal.device else given.to(goal.device)
+                offset -= box.lo[d] * stride
+                # one op a length: a multiply-add (add with alpha), or the first length's multiply
+                index = (given if stride == 1 else given * stride) if index is None else index.add(given, alpha=stride)
             stride *= box.shape[d]
+        index = offset if index is None else index + offset if offset else index
         if isinstance(index, int) or not torch.is_grad_enabled():
             self.goal = index
         return index

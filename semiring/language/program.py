@@ -237,9 +237,11 @@ class Program:
             if value.dim() != 1 or value.shape[0] != batch or value.dtype.is_floating_point or value.dtype == torch.bool:
                 raise ValueError(f"{what}: expected an integer tensor of shape [B] = [{batch}], got {value.dtype} {tuple(value.shape)}")
             lo, hi = ranges[name]
-            ok = (value >= lo) & (value <= hi) if values else None
-            if ok is not None and not bool(ok.all()):
-                raise ValueError(f"{what}: {value[~ok].tolist()} out of range; these shapes allow {lo}..{hi}")
+            if values and value.numel():
+                low, top = torch.stack(torch.aminmax(value)).tolist()  # one pass, one read
+                if low < lo or top > hi:
+                    raise ValueError(f"{what}: {value[(value < lo) | (value > hi)].tolist()} out of range; "
+                                     f"these shapes allow {lo}..{hi}")
             if value.dtype not in (torch.int32, torch.int64):  # int8, int16, uint8: indices must be wider
                 given[name] = value.long()
         return given if isinstance(lengths, Mapping) else given[names[0]]
