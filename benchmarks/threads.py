@@ -1,0 +1,96 @@
+"""Two threads against one: each row's query at ``torch.set_num_threads(1)`` and ``(2)``, round-robin
+in one process, medians and minimums of ``--repeat`` calls, and their ratio (issue 31's row: at
+least 1.7x on two idle cores for B >= 8).
+
+    python -m benchmarks.threads [--repeat 15]
+    OMP_WAIT_POLICY=PASSIVE python -m benchmarks.threads
+
+The C kernel, the scans and the matrix-tree theorem split a batch across threads of their own
+(POSIX threads), as many as ``torch.get_num_threads()``; torch runs its own operations on its
+OpenMP workers, which after each parallel operation spin for a while waiting for more work
+(libgomp's default, ``OMP_WAIT_POLICY`` unset). On a machine with as many cores as threads a
+spinning worker holds the core a kernel thread needs, so the environment is printed with the
+results: run the module with and without ``OMP_WAIT_POLICY=PASSIVE`` (read when torch loads) to see
+what the spinning costs. Run it on idle cores: every thread of both kinds needs one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from benchmarks.common import machine_info
+
+
+def rows() -> dict[str, Callable[[], object]]:
+    """name -> one query (a fresh structure, fixed inputs), every batch of at least 16."""
+    import structures as st
+
+    g = torch.Generator().manual_seed(0)
+    chain = torch.randn(32, 127, 32, 32, generator=g)
+    arcs = torch.randn(16, 65, 65, generator=g)
+    scores = torch.randn(16, 64, 64, generator=g)
+    trees = torch.randn(16, 129, 129, generator=g, dtype=torch.float64)
+    spans = torch.randn(16, 40, 40, 8, generator=g)
+    logits = torch.randn(16, 200, 50, generator=g)
+    targets = torch.randint(1, 50, (16, 40), generator=g)
+
+    def ctc() -> None:
+        x = logits.clone().requires_grad_()
+        torch.autograd.grad(-st.CTC(x.log_softmax(-1), targets).log_partition.sum(), x)
+
+    return {
+        "chain marginals B32 N128 C32": lambda: st.LinearChainCRF(chain).marginals,
+        "projective marginals B16 n64": lambda: st.ProjectiveDependencyCRF(arcs).marginals,
+        "constituency marginals B16 n40 L8": lambda: st.ConstituencyCRF(spans).marginals,
+        "alignment log Z B16 n=m=64": lambda: st.AlignmentCRF(scores).log_partition,
+        "alignment marginals B16 n=m=64": lambda: st.AlignmentCRF(scores).marginals,
+        "non-projective marginals B16 n128 (float64)": lambda: st.NonProjectiveDependencyCRF(trees).marginals,
+        "CTC loss + grad B16 T200 V50 S40": ctc,
+    }
+
+
+def measure(queries: dict[str, Callable[[], object]], repeat: int) -> dict[tuple[str, int], list[float]]:
+    """Seconds of each query at 1 and 2 threads, ``repeat`` rounds of every query at both counts."""
+    times: dict[tuple[str, int], list[float]] = {(name, t): [] for name in queries for t in (1, 2)}
+    for fn in queries.values():
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            fn()
+            fn()
+    for _ in range(repeat):
+        for name, fn in queries.items():
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                gc.collect()
+                start = time.perf_counter()
+                fn()
+                times[name, t].append(time.perf_counter() - start)
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=15, help="rounds (each query once at each thread count)")
+    args = p.parse_args(argv)
+    queries = rows()
+    times = measure(queries, args.repeat)
+    info = machine_info()
+    print(f"{info['cpu']}; {info['cores']} cores; torch {info['torch']}; {info.get('code', '')}; "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '(unset)')}; load {info['load average (1, 5, 15 min)']}")
+    print(f"| query | 1 thread (ms) | 2 threads (ms) | 1 / 2 threads |\n|:--|--:|--:|--:|")
+    for name in queries:
+        one, two = times[name, 1], times[name, 2]
+        print(f"| {name} | {1e3 * statistics.median(one):.2f} | {1e3 * statistics.median(two):.2f} | "
+              f"{statistics.median(one) / statistics.median(two):.2f}x ({min(one) / min(two):.2f}x) |")
+    torch.set_num_threads(1)
+
+
+if __name__ == "__main__":
+    main()
