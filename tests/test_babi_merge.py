@@ -14,7 +14,10 @@ QUICK = ["--quick", "--tasks", "2", "--models", "binary", "--link", "inputs"]
 def test_settings_leave_out_what_only_says_which_piece():
     command = ("`python -m structures.experiments.babi --tasks 2 11 --models binary --runs 20 --seed 10 --link inputs "
                "--threads 1 --out results/x --batch-size 1`")
-    assert babi_merge.settings(command) == ("--models", "binary", "--link", "inputs", "--batch-size", "1")
+    assert babi_merge.settings(command) == (("--batch-size", "1"), ("--link", "inputs"), ("--models", "binary"))
+    assert babi_merge.settings(command.replace("--link inputs", "--link=inputs")) == babi_merge.settings(command)
+    reordered = command.replace(" --link inputs", "").replace("--batch-size 1", "--batch-size 1 --link inputs")
+    assert babi_merge.settings(reordered) == babi_merge.settings(command)
     assert babi_merge.settings(command.replace("--tasks 2 11", "--tasks 3")) == babi_merge.settings(command)
     assert babi_merge.settings(command.replace("inputs", "outputs")) != babi_merge.settings(command)
 

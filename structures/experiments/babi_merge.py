@@ -27,20 +27,24 @@ PIECE_OPTIONS = {"--tasks", "--seed", "--runs", "--threads", "--out"}
 NUMBERS = ("train_loss", "valid_answer", "valid_loss", "test_answer", "test_fact", "seconds", "load")
 
 
-def settings(command: str) -> tuple[str, ...]:
-    """A ``babi`` command's options and their values without the :data:`PIECE_OPTIONS` (the
-    command is the first line of its ``babi.md``, in backquotes; every word after an option is one
-    of its values, since ``babi`` takes no positional arguments)."""
+def settings(command: str) -> tuple[tuple[str, ...], ...]:
+    """A ``babi`` command's options with their values, in any order, without the
+    :data:`PIECE_OPTIONS` (the command is the first line of its ``babi.md``, in backquotes; every
+    word after an option is one of its values, since ``babi`` takes no positional arguments)."""
     words = shlex.split(command.strip().strip("`"))
     if "structures.experiments.babi" in words:
         words = words[words.index("structures.experiments.babi") + 1:]
-    kept, dropping = [], False
+    options: list[list[str]] = []
     for word in words:
         if word.startswith("--"):
-            dropping = word.split("=")[0] in PIECE_OPTIONS
-        if not dropping:
-            kept.append(word)
-    return tuple(kept)
+            options.append(word.split("=", 1))
+        elif options:
+            options[-1].append(word)
+    return tuple(sorted(tuple(o) for o in options if o[0] not in PIECE_OPTIONS))
+
+
+def _words(options: tuple[tuple[str, ...], ...]) -> str:
+    return " ".join(word for option in options for word in option)
 
 
 def read_piece(folder: Path) -> tuple[str, list[dict], list[dict], str]:
@@ -63,14 +67,14 @@ def read_piece(folder: Path) -> tuple[str, list[dict], list[dict], str]:
     return command, runs, questions, commit
 
 
-def merge(folders: Sequence[Path]) -> tuple[tuple[str, ...], list[dict], list[dict], list[dict], dict[str, str]]:
+def merge(folders: Sequence[Path]) -> tuple[tuple[tuple[str, ...], ...], list[dict], list[dict], list[dict], dict[str, str]]:
     """``(settings, table rows with the averages, every run, the best runs' question rows, commit
     per folder)``; raises ``ValueError`` where the folders' settings differ or a run repeats."""
     pieces = [(folder, read_piece(folder)) for folder in folders]
     first = settings(pieces[0][1][0])
     other = [str(folder) for folder, (command, *_) in pieces if settings(command) != first]
     if other:
-        raise ValueError(f"folders: expected the settings of {folders[0]} ({' '.join(first)}) in every folder; "
+        raise ValueError(f"folders: expected the settings of {folders[0]} ({_words(first)}) in every folder; "
                          f"{', '.join(other)} differ")
     runs: dict[tuple[int, str], list[dict]] = {}
     seen: dict[tuple[int, str, int], int] = {}  # the piece that trained a task, model and seed
@@ -102,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     args.out.mkdir(parents=True, exist_ok=True)
     seeds = sorted({r["seed"] for r in every})
     pieces = "; ".join(f"{folder} ({commit})" for folder, commit in commits.items())
-    write_tables(rows, args.out, f"babi {' '.join(shared)}, merged from {pieces}", seeds)
+    write_tables(rows, args.out, f"babi {_words(shared)}, merged from {pieces}", seeds)
     write_runs(every, args.out / "babi_runs.csv")
     if questions:
         with open(args.out / "babi_questions.csv", "w", newline="") as f:
