@@ -3,15 +3,13 @@ in one process, medians and minimums of ``--repeat`` calls, and their ratio (iss
 least 1.7x on two idle cores for B >= 8).
 
     python -m benchmarks.threads [--repeat 15]
-    OMP_WAIT_POLICY=PASSIVE python -m benchmarks.threads
 
-The C kernel, the scans and the matrix-tree theorem split a batch across threads of their own
-(POSIX threads), as many as ``torch.get_num_threads()``; torch runs its own operations on its
-OpenMP workers, which after each parallel operation spin for a while waiting for more work
-(libgomp's default, ``OMP_WAIT_POLICY`` unset). On a machine with as many cores as threads a
-spinning worker holds the core a kernel thread needs, so the environment is printed with the
-results: run the module with and without ``OMP_WAIT_POLICY=PASSIVE`` (read when torch loads) to see
-what the spinning costs. Run it on idle cores: every thread of both kinds needs one.
+The C kernel, the scans and the matrix-tree theorem split a batch across up to
+``torch.get_num_threads()`` threads: OpenMP's, the runtime torch's own operations use (built with
+``-fopenmp``). With threads of their own (POSIX threads, before 2026-11-28) they competed for the
+cores with torch's OpenMP workers, which spin for a while after each parallel operation
+(libgomp's default, ``OMP_WAIT_POLICY`` unset), so the environment is printed with the results.
+Run it on idle cores: each thread needs one.
 """
 
 from __future__ import annotations

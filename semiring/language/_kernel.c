@@ -922,77 +922,27 @@ static void run_part(const Job *w, int64_t j, int64_t i) {
                       w->ptrs + i * 4 * m, w->offs + i * 2 * m);
 }
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <pthread.h>
-#include <sched.h>
+#if defined(_OPENMP)
+#include <omp.h>
 #include <stdatomic.h>
-#include <unistd.h>
 #define THREADED 1
 
-/* Worker threads (pthreads), started when a run first asks for them. A job's parts are claimed from
- * a ticket (the job's number << 32 | its parts << 16 | the parts claimed): the caller runs every part
- * no worker has claimed, then waits only for the parts being run, never for a worker still asleep
- * (on a loaded machine a barrier for late threads cost a time slice per level: 30x slower) */
-#define MAX_WORKERS 63
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER, job_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t pool_wake = PTHREAD_COND_INITIALIZER;
-static int workers;        /* started, in the process pool_pid (after a fork: none) */
-static pid_t pool_pid;
-static const Job *current; /* the job of the ticket's number (pool_lock) */
-static _Atomic uint64_t ticket;
-static _Atomic int64_t finished; /* parts of the current job run to the end */
-static _Atomic int64_t joined;   /* threads that took a scratch of the current job (the caller: 0) */
-
-/* a part of job `number` to run, or -1 where none is left or the job is another */
-static int64_t claim(uint64_t number) {
-    uint64_t t = atomic_load(&ticket);
-    for (;;) {
-        if (t >> 32 != number || (t & 0xffff) >= ((t >> 16) & 0xffff)) return -1;
-        if (atomic_compare_exchange_weak(&ticket, &t, t + 1)) return (int64_t)(t & 0xffff);
-    }
-}
-
-static void *work(void *unused) {
-    uint64_t seen = 0;
-    for (;;) {
-        pthread_mutex_lock(&pool_lock);
-        while (atomic_load(&ticket) >> 32 == seen) pthread_cond_wait(&pool_wake, &pool_lock);
-        seen = atomic_load(&ticket) >> 32;
-        const Job *w = current; /* (valid while a part of it is claimed: its caller waits for it) */
-        pthread_mutex_unlock(&pool_lock);
-        const int64_t i = atomic_fetch_add(&joined, 1); /* (a late worker may take one of the next job's: harmless) */
-        if (i >= w->n) continue;
-        for (int64_t j; (j = claim(seen)) >= 0; atomic_fetch_add(&finished, 1)) run_part(w, j, i);
-    }
-    return NULL;
-}
-
-/* the job's parts, on this thread and up to w->n - 1 workers; one caller at a time (another runs
- * its parts alone) */
+/* the job's parts, claimed one at a time, on up to w->n threads of the OpenMP runtime that torch's
+ * own operations run on (torch's wheel loads its libgomp first, and this extension shares it).
+ * Threads of our own (POSIX threads, before) competed for the cores with torch's workers, which
+ * spin after each parallel operation: two threads often ran slower than one. Without OpenMP (a
+ * compiler without it, setup.py) a job runs on the calling thread. */
 static void run_job(const Job *w) {
-    if (w->n == 1 || pthread_mutex_trylock(&job_lock) != 0) {
+    if (w->n == 1) {
         for (int64_t j = 0; j < w->parts; j++) run_part(w, j, 0);
         return;
     }
-    if (pool_pid != getpid()) { /* (a forked child has none of its parent's threads) */
-        pool_pid = getpid();
-        workers = 0;
-        pthread_mutex_init(&pool_lock, NULL);
-        pthread_cond_init(&pool_wake, NULL);
+    _Atomic int64_t next = 0;
+#pragma omp parallel num_threads(w->n)
+    {
+        const int64_t i = omp_get_thread_num();
+        for (int64_t j; (j = atomic_fetch_add(&next, 1)) < w->parts;) run_part(w, j, i);
     }
-    for (pthread_t th; workers < w->n - 1 && workers < MAX_WORKERS && pthread_create(&th, NULL, work, NULL) == 0; workers++)
-        pthread_detach(th);
-    pthread_mutex_lock(&pool_lock);
-    const uint64_t number = (atomic_load(&ticket) >> 32) + 1;
-    current = w;
-    atomic_store(&finished, 0);
-    atomic_store(&joined, 1);
-    atomic_store(&ticket, number << 32 | (uint64_t)w->parts << 16);
-    pthread_cond_broadcast(&pool_wake);
-    pthread_mutex_unlock(&pool_lock);
-    for (int64_t j; (j = claim(number)) >= 0; atomic_fetch_add(&finished, 1)) run_part(w, j, 0);
-    while (atomic_load(&finished) < w->parts) sched_yield();
-    pthread_mutex_unlock(&job_lock);
 }
 #else
 #define THREADED 0 /* one thread */

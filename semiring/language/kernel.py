@@ -13,8 +13,8 @@ extension was not built (setup.py): the two paths compute the same numbers (test
 kernel applies, a chain's run of levels is a scan (:meth:`~.execute.Run.scans`), one call of the C
 scan each way (:mod:`semiring.cpu_scan`; without it, a chain of a matrix per level runs here level by
 level, 3.5 vs 21 ms as torch's scan for marginals at B=4, N=256, C=16). A level splits the batch across up to
-``torch.get_num_threads()`` threads where it is large enough (POSIX threads, where the extension was
-built with them; the caller never waits for a worker that has not started): each example is computed as on one thread, so the numbers do not depend on the count; a
+``torch.get_num_threads()`` threads where it is large enough (OpenMP's, the runtime torch's own
+operations use, where the extension was built with it; else one): each example is computed as on one thread, so the numbers do not depend on the count; a
 level that writes a buffer shared by the batch (the gradient of an input every example reads) runs
 on one.
 """
