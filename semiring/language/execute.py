@@ -8,19 +8,20 @@ re-reads what each step read (views: free) and adds the gradients into zero-fill
 buffers of the same layouts, in place. In the Log and Max semirings a step's vector-Jacobian
 product is written out (Log: the weights ``exp(terms - item)`` of each ⊕; Max: the gradient
 routed to the first maximum); other semirings recompute the level under a local autograd graph.
-The written-out passes are plain torch operations, so they also run on forward-mode dual tensors
-(the Hessian-vector products of :mod:`.autodiff`). :func:`functional` is the same run with
+In the Log semiring the written-out passes also run on pairs (value, tangent), stacked as one
+leading component: the forward-mode derivative of both passes in a direction, the Hessian-vector
+products of :mod:`.autodiff` (:meth:`Run.paired`). :func:`functional` is the same run with
 out-of-place writes, differentiable to any order by plain autograd.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from .. import cpu_scan, triton_scan
@@ -178,6 +179,14 @@ class Run:
                 plan.keepable.add(i)
         return plan.keepable
 
+    def paired(self) -> "Run":
+        """This run on pairs (value, tangent) stacked as a leading component ``[2, *, B, ...]``
+        (Log): its forward and backward with ``dual=True`` give the values and gradients with their
+        forward-mode derivatives in the direction the inputs' tangents give."""
+        run = copy.copy(self)
+        run.lead, run.kept, run.bound = self.lead + 1, {}, None
+        return run
+
     def unrecorded(self) -> bool:
         """Whether the in-place passes record nothing for autograd: every step written out (Log,
         Max) and no fused scan (whose backward autograd records)."""
@@ -234,7 +243,7 @@ class Run:
 
     def buffers(self, like: Tensor, arena: bool, dual: bool = False) -> dict[str, Tensor]:
         """The charts' buffers, zero-filled; ``arena``: in one buffer, the arena (:mod:`.fuse`),
-        each chart's a slice of it; ``dual``: forward-mode dual tensors of tangent 0 (:func:`_dual`)."""
+        each chart's a slice of it; ``dual``: pairs (the zero, tangent 0)."""
         plan = self.plan
         out = {}
         if arena:
@@ -244,7 +253,8 @@ class Run:
         for keys in plan.keys.values():
             for key in keys:
                 if key not in out:
-                    out[key] = _dual(self.semiring.zero((self.batch, plan.size[key]), like), dual)
+                    zero = self.semiring.zero((self.batch, plan.size[key]), like)
+                    out[key] = torch.stack((zero, torch.zeros_like(zero))) if dual else zero
         return out
 
     # ------------------------------------------------------------ forward, in place
@@ -374,8 +384,10 @@ class Run:
     def backward(self, buf: dict[str, Tensor], grad: Tensor, shapes, dual: bool = False, grads: "_Grads | None" = None) -> list[Tensor]:
         """Gradients of the inputs (in their shapes), level by level in reverse, accumulated in place
         (into ``grads`` where given: :meth:`gradients`)."""
-        grads = _Grads(buf, dual) if grads is None else grads
-        grads[GOAL] = _dual(self.goal_gradient(buf[GOAL], grad), dual)
+        grads = _Grads(buf) if grads is None else grads
+        grads[GOAL] = self.goal_gradient(buf[GOAL], grad)
+        if dual:
+            grads[GOAL][1] = 0  # (the seed's tangent)
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         ends = {scan.stop - 1: scan for scan in self.scans(dual).values()}
         compiled = self.kernel(buf, dual)
@@ -564,9 +576,9 @@ class _Grads(dict):
     """Gradient buffers, zero-filled when first used (an input whose gradient comes whole from one
     step, a scan's, takes that tensor instead); the charts' in an arena where their values are."""
 
-    def __init__(self, buffers: dict[str, Tensor], dual: bool = False):
+    def __init__(self, buffers: dict[str, Tensor]):
         super().__init__()
-        self.buffers, self.dual = buffers, dual
+        self.buffers = buffers
         if ARENA in buffers:
             arena = self[ARENA] = torch.zeros_like(buffers[ARENA])
             storage = buffers[ARENA].untyped_storage().data_ptr()
@@ -578,16 +590,8 @@ class _Grads(dict):
         return self.buffers[key]
 
     def __missing__(self, key: str) -> Tensor:
-        self[key] = _dual(torch.zeros_like(self.buffers[key]), self.dual)
+        self[key] = torch.zeros_like(self.buffers[key])
         return self[key]
-
-
-def _dual(t: Tensor, dual: bool) -> Tensor:
-    """``t`` as a forward-mode dual tensor of tangent 0 where ``dual`` (else ``t``). A run on dual
-    tensors makes every buffer dual from the start: an operation between a dual tensor and a plain
-    one takes a zero tangent, which torch 2.13 shapes through its Python meta functions (~1 ms an
-    operation, against ~20 µs between two duals)."""
-    return fwAD.make_dual(t, torch.zeros_like(t)) if dual else t
 
 
 def _backward_order(steps: list[Step]) -> list[list[Step]]:
@@ -607,14 +611,15 @@ class _Manual:
     ``weights(terms, item, g, shared)`` (the gradient of each instance); optionally
     ``keeping(terms, out)``, a reduce that also returns what ``reweigh(kept, item, g, shared)``
     turns into the same weights without recomputing the terms. ``direct``: items may be computed
-    straight into the chart's buffer (not on forward-mode dual tensors)."""
+    straight into the chart's buffer (not on pairs); ``empty(s, m)``: ``s`` where ``m`` holds,
+    the semiring's zero (a pair's: -inf and tangent 0) elsewhere."""
 
-    def __init__(self, reduce, weights, claim, plus_, keeping=None, reweigh=None, direct=True):
+    def __init__(self, reduce, weights, claim, plus_, keeping=None, reweigh=None, direct=True, empty=None):
         self.reduce, self.weights, self.claim, self.plus_ = reduce, weights, claim, plus_
         self.keeping, self.reweigh, self.direct = keeping, reweigh, direct
+        self.empty = empty or (lambda s, m: s.masked_fill(~m, -math.inf))
 
-    @staticmethod
-    def terms(run: Run, step: Step, buf, out: Tensor | None = None) -> Tensor:
+    def terms(self, run: Run, step: Step, buf, out: Tensor | None = None) -> Tensor:
         """``Σ reads`` over the whole box ``[*, B, *coords]`` (outer terms too: broadcast over K),
         on a fresh tensor (or ``out``, where the sum has its shape and needs no mask), ``-inf``
         where the box holds no instance."""
@@ -637,9 +642,7 @@ class _Manual:
         if s.shape[s.dim() - n:] != step.sizes:
             s = s.expand(*s.shape[: s.dim() - n], *step.sizes).clone()
         m = run.mask(step, s.device)
-        if m is not None:
-            s = s.masked_fill(~m, -math.inf)
-        return s
+        return s if m is None else self.empty(s, m)
 
     def step(self, run: Run, step: Step, buf, keep: bool = False) -> None:
         """Compute the step's items and write them to every layout of its chart (⊕ into what
@@ -702,17 +705,12 @@ def _into(a: Tensor, b: Tensor, out: Tensor | None) -> Tensor:
     return a.add_(b)
 
 
-def _logsumexp_(terms: Tensor, out: Tensor | None = None, dual: bool = False) -> Tensor:
-    """Log ⊕ over the last dimension, in place on ``terms`` (into ``out``: :func:`_into`).
-    ``dual``: forward-mode dual tensors, whose derivative must be 0, not 0/0, where every term is
-    -inf (an item without derivations)."""
+def _logsumexp_(terms: Tensor, out: Tensor | None = None) -> Tensor:
+    """Log ⊕ over the last dimension, in place on ``terms`` (into ``out``: :func:`_into`)."""
     info = torch.finfo(terms.dtype)
     m = terms.amax(-1, keepdim=True).clamp_(info.min, info.max)
     s = terms.sub_(m).exp_().sum(-1)
-    if not dual:
-        return _into(s.log_(), m.squeeze(-1), out)
-    empty = s == 0
-    return s.masked_fill_(empty, 1.0).log_().masked_fill_(empty, -math.inf).add_(m.squeeze(-1))
+    return _into(s.log_(), m.squeeze(-1), out)
 
 
 def _logsumexp_keeping(terms: Tensor, out: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, Tensor, Tensor]]:
@@ -768,12 +766,41 @@ def _claim(run: Run, step: Step, grads, flat: Tensor, item: Tensor) -> None:
         view.masked_fill_(won.expand(view.shape), 0)
 
 
-def _log_plus_dual(dst: Tensor, value: Tensor) -> None:
-    """Log ⊕ in place on forward-mode dual tensors (a derivative of 0 where both are -inf)."""
-    dst.copy_(_logsumexp_(torch.stack(torch.broadcast_tensors(dst, value), -1), dual=True))
+# Pairs (value, tangent) ``[2, *, B, ...]``: Log ⊕ of terms s with tangents ṡ is (log Σ e^s, Σ p ṡ),
+# p = softmax(s); the gradient g (tangent ġ) of an item α (tangent α̇) reaches its instances as
+# w = e^(s - α) g, whose tangent is e^(s - α) (ġ + g (ṡ - α̇)).
+
+def _pair_logsumexp(terms: Tensor, out: Tensor | None = None) -> Tensor:
+    """Log ⊕ over the last dimension of pairs ``[2, ..., K]`` -> ``[2, ...]`` (tangent 0 where
+    every term is -inf: an item without derivations)."""
+    s, ds = terms[0], terms[1]
+    info = torch.finfo(s.dtype)
+    m = s.amax(-1, keepdim=True).clamp_(info.min, info.max)
+    p = (s - m).exp_()
+    z = p.sum(-1)
+    tangent = (p * ds).sum(-1).div_(z.clamp_min(1))  # (z >= 1 where any term is finite: its largest gives 1)
+    return torch.stack((z.log_().add_(m.squeeze(-1)), tangent))
+
+
+def _pair_weights(terms: Tensor, item: Tensor, g: Tensor, shared: bool) -> Tensor:
+    """The instances' gradients of pairs: ``[2, ..., K]`` from terms ``[2, ..., K]``, items and
+    their gradients ``[2, ...]``."""
+    info = torch.finfo(terms.dtype)
+    a, da = item[0].clamp(info.min, info.max).unsqueeze(-1), item[1].unsqueeze(-1)
+    g0, g1 = g[0].unsqueeze(-1), g[1].unsqueeze(-1)
+    e = (terms[0] - a).exp_()
+    return torch.stack(torch.broadcast_tensors(e * g0, e * (g1 + g0 * (terms[1] - da))))
+
+
+def _pair_plus(dst: Tensor, value: Tensor) -> None:
+    dst.copy_(_pair_logsumexp(torch.stack(torch.broadcast_tensors(dst, value), -1)))
+
+
+def _pair_empty(s: Tensor, m: Tensor) -> Tensor:
+    return torch.stack((s[0].masked_fill(~m, -math.inf), s[1].masked_fill(~m, 0)))
 
 
 _MANUAL = {LogSemiring: _Manual(_logsumexp_, _softmax_weights, None, lambda dst, v: torch.logaddexp(dst, v, out=dst),
                                 _logsumexp_keeping, _reweigh),
            MaxSemiring: _Manual(_amax, _argmax_weights, _claim, lambda dst, v: torch.maximum(dst, v, out=dst))}
-_DUAL = {LogSemiring: _Manual(lambda t, out=None: _logsumexp_(t, dual=True), _softmax_weights, None, _log_plus_dual, direct=False)}
+_DUAL = {LogSemiring: _Manual(_pair_logsumexp, _pair_weights, None, _pair_plus, direct=False, empty=_pair_empty)}
