@@ -8,7 +8,7 @@ descriptor (its steps' boxes, the strides and offsets of their views, their mask
 weights ``exp(terms - item)`` instead of keeping them); views that gather (clamped positions) or
 look positions up from data run there too. A level with more than 16 coordinates or 32 terms per
 rule runs as torch calls, as does every run off the CPU (on a GPU, :mod:`.triton_levels` runs the
-same descriptors), on forward-mode dual tensors, in another semiring, or where the optional
+same descriptors), on the pairs (value, tangent) of a Hessian-vector product, in another semiring, or where the optional
 extension was not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
 kernel applies, a chain's run of levels is a scan (:meth:`~.execute.Run.scans`), one call of the C
 scan each way (:mod:`semiring.cpu_scan`; without it, a chain of a matrix per level runs here level by

@@ -13,7 +13,7 @@ on disk by Triton.
 Runs take these kernels where Triton imports, the inputs are CUDA float32 or float64 tensors and the
 semiring is Log or Max, outside CUDA-graph capture (the descriptors' table of buffer addresses is
 copied to the device at each run, which a graph would freeze). Everything else runs as before: other
-semirings, forward-mode dual tensors (Hessian-vector products), the CPU (the C kernel). Tests run the
+semirings, the pairs (value, tangent) of Hessian-vector products, the CPU (the C kernel). Tests run the
 kernels in Triton's interpreter on CPU tensors (:func:`interpreted`; ``TRITON_INTERPRET=1`` set before
 the first run). The backward's atomic adds make float32 gradients vary in their last bits from run to run.
 """
