@@ -298,9 +298,166 @@ static PyObject *forward(PyObject *self, PyObject *args) { return call(args, 0);
 static PyObject *backward(PyObject *self, PyObject *args) { return call(args, 1); }
 
 
+/* Pairs (value, tangent): the Log scan and its gradient with their forward-mode derivatives in the
+ * direction of the inputs' tangents, what a Hessian-vector product runs (language/autodiff.py), in
+ * double whatever the inputs' dtype (cpu_scan.pair_forward converts). Every array is [2, ...]:
+ * component 0 the value, 1 the tangent. With p_t[y, c] = exp(alpha_{t-1}[y] + x_t[y, c] - lse_t[c])
+ * (lse_t[c] = alpha_t[c] - unary_t[c]):
+ *     alpha'_t[c] = Σ_y p_t[y, c] (alpha'_{t-1}[y] + x'_t[y, c]) + unary'_t[c]            (forward)
+ *     G_t = grad_t + carry_t,  g_x_t[y, c] = p_t[y, c] G_t[c],  carry_{t-1}[y] = Σ_c g_x_t[y, c]
+ *     g_x'_t[y, c] = p_t[y, c] (G'_t[c] + G_t[c] (alpha'_{t-1}[y] + x'_t[y, c] - lse'_t[c]))  (backward)
+ * A state no path reaches has alpha -inf, tangent 0 and weights 0.
+ *
+ * pair_forward(threads, args) / pair_backward(threads, args), args int64 (cpu_scan._pair_args): B, T, K,
+ * flags (1: unary, 4: one matrix for every step: its gradient summed over them), then the address
+ * and element strides of init [2, B, K], xs [2, B, T, K, K], unary [2, B, T, K] (stride 0 where
+ * broadcast), and the addresses of alpha [2, B, T, K], grad [2, B, T, K], g_init [2, B, K], g_xs
+ * [2, B, T or 1, K, K], g_unary [2, B, T, K] (contiguous). */
+typedef struct {
+    int64_t B, T, K, flags;
+    const double *init; int64_t si[3];
+    const double *xs; int64_t sx[5];
+    const double *unary; int64_t su[4];
+    double *alpha;
+    const double *grad;
+    double *g_init, *g_xs, *g_unary;
+} Pairs;
+
+#define PAIR_ARGS 24
+#define X(a, comp, b, t, y, c) ((a)->xs[(comp) * (a)->sx[0] + (b) * (a)->sx[1] + (t) * (a)->sx[2] + (y) * (a)->sx[3] + (c) * (a)->sx[4]])
+#define U(a, comp, b, t, c) ((a)->flags & UNARY ? (a)->unary[(comp) * (a)->su[0] + (b) * (a)->su[1] + (t) * (a)->su[2] + (c) * (a)->su[3]] : 0.0)
+
+/* the state before step t of example b, value (comp 0) or tangent (comp 1), at y */
+static double before(const Pairs *a, int comp, int64_t b, int64_t t, int64_t y) {
+    const int64_t B = a->B, T = a->T, K = a->K;
+    return t ? a->alpha[((comp * B + b) * T + t - 1) * K + y] : a->init[comp * a->si[0] + b * a->si[1] + y * a->si[2]];
+}
+
+static int pair_forward_part(const void *a_, int64_t b0, int64_t b1) {
+    const Pairs *a = a_;
+    const int64_t B = a->B, T = a->T, K = a->K;
+    for (int64_t b = b0; b < b1; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t c = 0; c < K; c++) {
+                double m = -INFINITY;
+                for (int64_t y = 0; y < K; y++) {
+                    const double v = before(a, 0, b, t, y) + X(a, 0, b, t, y, c);
+                    m = v > m ? v : m;
+                }
+                double value = -INFINITY, tangent = 0;
+                if (isfinite(m)) {
+                    double z = 0, dz = 0;
+                    for (int64_t y = 0; y < K; y++) {
+                        const double e = exp(before(a, 0, b, t, y) + X(a, 0, b, t, y, c) - m);
+                        z += e;
+                        if (e) dz += e * (before(a, 1, b, t, y) + X(a, 1, b, t, y, c));
+                    }
+                    value = m + log(z);
+                    tangent = dz / z;
+                }
+                value += U(a, 0, b, t, c);
+                a->alpha[(b * T + t) * K + c] = value;
+                a->alpha[((B + b) * T + t) * K + c] = isfinite(value) ? tangent + U(a, 1, b, t, c) : 0;
+            }
+    return 1;
+}
+
+static int pair_backward_part(const void *a_, int64_t b0, int64_t b1) {
+    const Pairs *a = a_;
+    const int64_t B = a->B, T = a->T, K = a->K, per_step = !(a->flags & SHARED_GRAD);
+    double *room = malloc(6 * K * sizeof(double));
+    if (!room) return 0;
+    double *carry = room, *dcarry = carry + K, *next = dcarry + K, *dnext = next + K, *G = dnext + K, *dG = G + K;
+    for (int64_t b = b0; b < b1; b++) {
+        for (int64_t y = 0; y < K; y++) carry[y] = dcarry[y] = 0;
+        const int64_t steps = per_step ? T : 1;
+        double *gx = a->g_xs + b * steps * K * K, *dgx = a->g_xs + (B + b) * steps * K * K;
+        if (!per_step) for (int64_t i = 0; i < K * K; i++) gx[i] = dgx[i] = 0;
+        for (int64_t t = T - 1; t >= 0; t--) {
+            const int64_t at = (b * T + t) * K, dat = ((B + b) * T + t) * K;
+            for (int64_t c = 0; c < K; c++) {
+                G[c] = a->grad[at + c] + carry[c];
+                dG[c] = a->grad[dat + c] + dcarry[c];
+                if (a->flags & UNARY) {
+                    a->g_unary[at + c] = G[c];
+                    a->g_unary[dat + c] = dG[c];
+                }
+            }
+            for (int64_t y = 0; y < K; y++) next[y] = dnext[y] = 0;
+            double *gxt = gx + (per_step ? t * K * K : 0), *dgxt = dgx + (per_step ? t * K * K : 0);
+            for (int64_t y = 0; y < K; y++) {
+                const double prev = before(a, 0, b, t, y), dprev = before(a, 1, b, t, y);
+                for (int64_t c = 0; c < K; c++) {
+                    const double lse = a->alpha[at + c] - U(a, 0, b, t, c);
+                    const double p = isfinite(lse) ? exp(prev + X(a, 0, b, t, y, c) - lse) : 0;
+                    double w = 0, dw = 0;
+                    if (p) {
+                        const double dlse = a->alpha[dat + c] - U(a, 1, b, t, c);
+                        w = p * G[c];
+                        dw = p * (dG[c] + G[c] * (dprev + X(a, 1, b, t, y, c) - dlse));
+                    }
+                    if (per_step) {
+                        gxt[y * K + c] = w;
+                        dgxt[y * K + c] = dw;
+                    } else {
+                        gxt[y * K + c] += w;
+                        dgxt[y * K + c] += dw;
+                    }
+                    next[y] += w;
+                    dnext[y] += dw;
+                }
+            }
+            memcpy(carry, next, K * sizeof(double));
+            memcpy(dcarry, dnext, K * sizeof(double));
+        }
+        memcpy(a->g_init + b * K, carry, K * sizeof(double));
+        memcpy(a->g_init + (B + b) * K, dcarry, K * sizeof(double));
+    }
+    free(room);
+    return 1;
+}
+
+static PyObject *pair_call(PyObject *args, int backward) {
+    Py_ssize_t threads;
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "ny*", &threads, &buf)) return NULL;
+    PyObject *result = NULL;
+    const int64_t *v = buf.buf;
+    if (buf.len != PAIR_ARGS * (Py_ssize_t)sizeof(int64_t) || v[0] < 0 || v[1] < 0 || v[2] < 1
+        || !v[4] || !v[8] || ((v[3] & UNARY) && !v[14]) || !v[19]
+        || (backward && (!v[20] || !v[21] || !v[22] || ((v[3] & UNARY) && !v[23])))) {
+        PyErr_SetString(PyExc_ValueError, "a malformed pair scan descriptor");
+        goto done;
+    }
+    const Pairs a = {v[0], v[1], v[2], v[3],
+                     (const double *)v[4], {v[5], v[6], v[7]},
+                     (const double *)v[8], {v[9], v[10], v[11], v[12], v[13]},
+                     (const double *)v[14], {v[15], v[16], v[17], v[18]},
+                     (double *)v[19], (const double *)v[20], (double *)v[21], (double *)v[22], (double *)v[23]};
+    const int64_t worth = a.B * a.T * a.K * a.K / (GRAIN / 8); /* (the scalar loops: about 8 times a vector term's work) */
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = split_batch(backward ? pair_backward_part : pair_forward_part, &a, a.B, threads < worth ? threads : worth);
+    Py_END_ALLOW_THREADS
+    if (!ok) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+static PyObject *pair_forward(PyObject *self, PyObject *args) { return pair_call(args, 0); }
+static PyObject *pair_backward(PyObject *self, PyObject *args) { return pair_call(args, 1); }
+
 static PyMethodDef methods[] = {
     {"forward", forward, METH_VARARGS, "forward(max, double, threads, args): every step's alphas (and, Log, the kept weights)"},
     {"backward", backward, METH_VARARGS, "backward(max, double, threads, args): the gradients of init, xs and unary"},
+    {"pair_forward", pair_forward, METH_VARARGS, "pair_forward(threads, args): the Log scan's alphas on pairs (value, tangent), in double"},
+    {"pair_backward", pair_backward, METH_VARARGS, "pair_backward(threads, args): the gradients of init, xs and unary on pairs, in double"},
     ISA_METHODS
     {NULL, NULL, 0, NULL},
 };

@@ -95,3 +95,47 @@ def backward(init: Tensor, xs: Tensor, unary: Tensor | None, alphas: Tensor, wei
     if xs.shape[0] == 1:
         g_xs = g_xs.sum(0, keepdim=True)
     return g_init, g_xs.reshape(xs.shape), g_unary
+
+
+def pair_applies(init: Tensor, xs: Tensor, unary: Tensor | None) -> bool:
+    """Whether a scan on pairs (value, tangent) of these tensors (``init [2, B, K]``, ``xs [2, B or 1,
+    T or 1, K, K]``, ``unary [2, B, T, K]`` or None) is this kernel's (as :func:`applies`)."""
+    return (init.dim() == 3 and xs.dim() == 5 and init.shape[0] == xs.shape[0] == 2
+            and (unary is None or (unary.dim() == 4 and unary.shape[0] == 2))
+            and applies(init[0], xs[0], None if unary is None else unary[0]))
+
+
+def _pair_args(init: Tensor, xs: Tensor, unary: Tensor | None, flags: int, *addresses: Tensor | None) -> np.ndarray:
+    _, B, K = init.shape
+    T = unary.shape[2] if unary is not None else xs.shape[2]
+    u = [unary.data_ptr(), *_strides(unary)] if unary is not None else [0] * 5
+    flags |= _UNARY if unary is not None else 0
+    return np.array([B, T, K, flags, init.data_ptr(), *_strides(init), xs.data_ptr(), *_strides(xs), *u,
+                     *[0 if t is None else t.data_ptr() for t in addresses]], dtype=np.int64)
+
+
+def pair_forward(init: Tensor, xs: Tensor, unary: Tensor | None):
+    """The Log scan on pairs (value, tangent): ``(alphas [2, B, T, K], backward)``, ``backward(grad
+    [2, B, T, K])`` the pairs' gradients of ``(init, xs, unary)`` in their shapes, computed in double
+    (the inputs' dtype out)."""
+    dtype = init.dtype
+    init, xs = init.double(), xs.double()
+    unary = None if unary is None else unary.double()
+    _, B, K = init.shape
+    T = unary.shape[2] if unary is not None else xs.shape[2]
+    alphas = init.new_empty(2, B, T, K)
+    _scan.pair_forward(torch.get_num_threads(), _pair_args(init, xs, unary, 0, alphas, None, None, None, None))
+
+    def backward(grad: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        grad = grad.double().contiguous()
+        per_step = xs.shape[2] > 1 or T == 1
+        g_init = init.new_empty(2, B, K)
+        g_xs = init.new_empty(2, B, T if per_step else 1, K, K)
+        g_unary = torch.empty_like(grad) if unary is not None else None
+        flags = 0 if per_step else _SHARED_GRAD
+        _scan.pair_backward(torch.get_num_threads(), _pair_args(init, xs, unary, flags, alphas, grad, g_init, g_xs, g_unary))
+        if xs.shape[1] == 1:
+            g_xs = g_xs.sum(1, keepdim=True)
+        return g_init.to(dtype), g_xs.reshape(xs.shape).to(dtype), None if g_unary is None else g_unary.to(dtype)
+
+    return alphas.to(dtype), backward

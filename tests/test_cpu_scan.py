@@ -3,8 +3,9 @@ the Log and Max semirings: the states of every step and the gradients of the ini
 matrices and the unaries (Max: the backtrace, to the same bits), for a matrix per step and example
 and one matrix for every step and example, with and without unaries, forbidden (-inf) transitions and
 states no path reaches, float32 and float64, on every instruction set the CPU runs and any number of
-threads; a chain program runs its whole chain in one call each way; and float32 marginals of a
-long chain stay close to float64's."""
+threads; a chain program runs its whole chain in one call each way; float32 marginals of a
+long chain stay close to float64's; and on pairs (value, tangent), the Hessian-vector product's,
+the scan gives the Log scan's forward-mode derivatives, a chain's whole run in one call each way."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import semiring as sr
 from semiring import cpu_scan
 from semiring.language import kernel
 from semiring.language.execute import SCAN_LEVELS
-from structures import EmissionCRF, LinearChainCRF
+from structures import EmissionCRF, HopChainCRF, LinearChainCRF
 from scans import SHAPES, scan_inputs, states_and_gradients
 
 pytestmark = pytest.mark.skipif(not cpu_scan.enabled, reason="the C scan was not built")
@@ -158,3 +159,105 @@ def test_a_log_scan_keeps_its_weights_only_within_the_budget(monkeypatch):
     alphas.sum().backward()
     assert (calls.forward, calls.backward) == (1, 0)  # over the budget: the torch calls
     assert_close(alphas.detach(), value)
+
+
+def log_scan_by_definition(init, xs, u):
+    """``alpha_t[c] = logsumexp_y(alpha_{t-1}[y] + xs_t[y, c]) + u_t[c]`` in plain torch calls (which
+    forward mode differentiates): ``[B, T, K]``."""
+    T = u.shape[1] if u is not None else xs.shape[1]
+    alphas, alpha = [], init
+    for t in range(T):
+        alpha = torch.logsumexp(alpha.unsqueeze(-1) + xs[:, t if xs.shape[1] > 1 else 0], -2)
+        alpha = alpha + u[:, t] if u is not None else alpha
+        alphas.append(alpha)
+    return torch.stack(alphas, 1)
+
+
+def pair_inputs(shape: str, unary: bool, dtype) -> list:
+    """Pairs (value, tangent) ``[2, ...]`` of the scan inputs: forbidden transitions keep tangents."""
+    values = scan_inputs(shape, unary, dtype)
+    tangents = scan_inputs(shape, unary, dtype, seed=1)
+    return [None if v is None else torch.stack((v, t.nan_to_num(neginf=0.5))) for v, t in zip(values, tangents)]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # (torch scripts its jvp decompositions on first use)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("unary", [True, False])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_pair_scan_is_the_forward_mode_derivative_of_the_log_scan_and_its_gradient(shape, unary, dtype):
+    """On pairs (value, tangent), the states and the gradients of the inputs are the Log scan's, and
+    their tangents its directional derivatives (torch's forward mode on the torch calls)."""
+    import torch.autograd.forward_ad as fwAD
+
+    init, xs, u = pair_inputs(shape, unary, dtype)
+    assert cpu_scan.pair_applies(init, xs, u)
+    alphas, backward = cpu_scan.pair_forward(init, xs, u)
+    weight = torch.linspace(-1, 1, alphas[0].numel(), dtype=dtype).reshape(alphas[0].shape)
+    grad = torch.stack((torch.where(alphas[0].isfinite(), weight, 0), torch.zeros_like(weight)))
+    grads = backward(grad)
+    with fwAD.dual_level():
+        # (-inf as -1e4: the same values in double, exp(-1e4) being 0, where torch's logsumexp of
+        # -inf terms only has a tangent of NaN)
+        duals = [None if p is None else fwAD.make_dual(p[0].double().clamp_min(-1e4), p[1].double()) for p in (init, xs, u)]
+        with torch.enable_grad():
+            leaves = [None if d is None else d.requires_grad_() for d in duals]
+            a = log_scan_by_definition(*leaves)
+            found = torch.autograd.grad((torch.where(a.isfinite(), a, 0) * grad[0].double()).sum(),
+                                        [t for t in leaves if t is not None], create_graph=True)
+        expected_alphas = fwAD.unpack_dual(a)
+        expected_grads = [fwAD.unpack_dual(g) for g in found]
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    finite = alphas[0].isfinite()
+    assert torch.equal(finite, expected_alphas.primal > -5e3)
+    assert_close(alphas[0][finite], expected_alphas.primal[finite].to(dtype), **tol)
+    assert_close(alphas[1], torch.where(finite, expected_alphas.tangent, 0).to(dtype), **tol)  # (tangent 0 where no path reaches)
+    for g, e in zip([g for g in grads if g is not None], expected_grads):
+        assert_close(g[0], e.primal.to(dtype), **tol)
+        assert_close(g[1], e.tangent.to(dtype), **tol)
+
+
+@pytest.mark.parametrize("structure", ["LinearChainCRF", "HopChainCRF"])
+def test_a_loss_on_a_chains_marginals_runs_its_chain_as_one_pair_scan_each_way(structure, monkeypatch):
+    """The Hessian-vector product of a chain (structured attention's training step) takes the pair
+    scan, a call each way, and gives what the pair levels give one by one, with forbidden
+    transitions and lengths."""
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([12, 7])
+    if structure == "LinearChainCRF":
+        x = torch.randn(2, 11, 4, 4, generator=g, dtype=torch.float64)
+        x[:, :, 1, 2] = float("-inf")
+        make = lambda e: LinearChainCRF(e, lengths)  # noqa: E731
+    else:  # (a chain over hops, one matrix each; the facts a hop may not repeat are forbidden)
+        x = torch.randn(2, 12, 4, 4, generator=g, dtype=torch.float64)
+        x[:, 1:, 1, 1] = float("-inf")
+        make = lambda e: HopChainCRF(e, lengths)  # noqa: E731
+    v = torch.randn(x.shape, generator=g, dtype=torch.float64)
+
+    def hvp():
+        leaf = x.clone().requires_grad_()
+        return torch.autograd.grad((make(leaf).marginals * v).sum(), leaf)[0]
+
+    calls = {"pair_forward": 0, "pair_backward": 0}
+    native = cpu_scan._scan
+
+    class Counted:
+        PAD_TO = native.PAD_TO
+        forward, backward = native.forward, native.backward
+
+        @staticmethod
+        def pair_forward(*args):
+            calls["pair_forward"] += 1
+            return native.pair_forward(*args)
+
+        @staticmethod
+        def pair_backward(*args):
+            calls["pair_backward"] += 1
+            return native.pair_backward(*args)
+
+    monkeypatch.setattr(cpu_scan, "_scan", Counted)
+    got = hvp()
+    assert calls == {"pair_forward": 1, "pair_backward": 1}
+    with cpu_scan.enabled.to(False):
+        expected = hvp()
+    assert calls == {"pair_forward": 1, "pair_backward": 1}
+    assert_close(got, expected, rtol=1e-10, atol=1e-10)

@@ -260,15 +260,16 @@ class Run:
     # ------------------------------------------------------------ forward, in place
 
     def scans(self, dual: bool) -> dict[int, Scan]:
-        """The plan's runs of chain levels, where the semiring has a fused scan (and not on dual
-        tensors: its nodes have no forward-mode derivative). Where the C kernel runs the levels and
+        """The plan's runs of chain levels, where the semiring has a fused scan. Where the C kernel runs the levels and
         the C scan (:mod:`semiring.cpu_scan`) is built, the scans of one matrix for every level (an
         HMM's, an EmissionCRF's) and those of a matrix per level of at least :data:`SCAN_LEVELS`
         levels, a chain's whole run in one call; without it only the former (the torch scan
         multiplies matrices there, 3.6x faster than the kernel's sums). On a GPU, the
         scans the Triton scan takes (:data:`.triton_levels.CHAIN_SCANS`: of a matrix per level too)."""
-        if dual or type(self.semiring).scan is Semiring.scan:
+        if type(self.semiring).scan is Semiring.scan:
             return {}
+        if dual:  # pairs: the C scan's pair loops where the kernel runs, any length (:meth:`pair_scan`)
+            return self.plan.scans if self.native is kernel and cpu_scan.enabled and type(self.semiring) is LogSemiring else {}
         if self.native is kernel and cpu_scan.enabled:
             return {lev: scan for lev, scan in self.plan.scans.items()
                     if scan.matrix.strides[0] == 0 or scan.stop - scan.start >= SCAN_LEVELS}
@@ -322,6 +323,22 @@ class Run:
             backward = lambda g: triton_scan.backward(init, xs, unary, alphas, base, g, is_max)  # noqa: E731
         return _NativeScan(alphas, backward, tuple(shape[0]))
 
+    def pair_scan(self, scan: Scan, buf: dict[str, Tensor]) -> "_NativeScan | None":
+        """A run of chain levels on pairs (value, tangent) by the C scan's pair loops (Log), or None
+        where it does not take them (the levels then run one by one)."""
+        shape = []
+
+        def read(v: View) -> Tensor:
+            t = self.view(buf[v.source], v)
+            shape.append(t.shape)
+            return t
+
+        init, xs, unary = self.scan_inputs(scan, read)
+        if not cpu_scan.pair_applies(init, xs, unary):
+            return None
+        alphas, backward = cpu_scan.pair_forward(init, xs, unary)
+        return _NativeScan(alphas, backward, tuple(shape[0]))
+
     def forward(self, elements: list[Tensor], dual: bool = False, keep: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """Every level into the buffers: (goal ``[*, B]``, the buffers with the inputs). ``keep``:
         keep what the backward of fused scans needs (their graphs)."""
@@ -330,7 +347,7 @@ class Run:
         buf.update(self.buffers(like, arena=not dual, dual=dual))
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         scans = self.scans(dual)
-        if not dual:  # (a dual run, the Hessian-vector product's, keeps nothing)
+        if not dual:  # (a run on pairs keeps only its scans, in a copy of its own: paired())
             self.kept = {}
         compiled = self.kernel(buf, dual)
         levels = self.levels(fused=not dual)
@@ -340,9 +357,11 @@ class Run:
             if ran:
                 lev += ran
                 continue
+            native = None
             if lev in scans:
+                native = self.pair_scan(scans[lev], buf) if dual else self.native_scan(scans[lev], buf, keep)
+            if lev in scans and (native is not None or not dual):
                 scan = scans[lev]
-                native = self.native_scan(scan, buf, keep)
                 if native is not None:
                     alphas, self.kept[lev] = native.alphas, native
                 else:
@@ -389,7 +408,7 @@ class Run:
         if dual:
             grads[GOAL][1] = 0  # (the seed's tangent)
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
-        ends = {scan.stop - 1: scan for scan in self.scans(dual).values()}
+        ends = {scan.stop - 1: scan for scan in self.scans(dual).values() if scan.start in self.kept}  # (pairs: the scans that ran)
         compiled = self.kernel(buf, dual)
         levels = self.levels(fused=not dual)
         lev = len(levels) - 1
