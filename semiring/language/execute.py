@@ -32,6 +32,7 @@ from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
 
 SCAN_LEVELS = 32  # a chain of fewer levels, of a matrix each, runs in the C kernel level by level: the scan's fixed cost (~10 torch calls) is more (B=2..8, C=4..8, one loaded AMD core: even at 32-64 levels)
+PAIR_SCAN_TERMS = 1 << 14  # a chain on pairs with more terms a level (B K^2) runs level by level: the pair scan's loops are scalar (bAbI's hop chain, B=32 K=50: 12.7-13.5 ms a Hessian-vector product in it, 9.8 ms as levels; a chain of B=16 K=2: 4.1-4.6 against 30 ms)
 KEEP = 1.25  # the Log weights a run keeps for its backward, in numbers per number its charts and inputs hold (:meth:`Run.keepable`)
 
 
@@ -325,7 +326,8 @@ class Run:
 
     def pair_scan(self, scan: Scan, buf: dict[str, Tensor]) -> "_NativeScan | None":
         """A run of chain levels on pairs (value, tangent) by the C scan's pair loops (Log), or None
-        where it does not take them (the levels then run one by one)."""
+        where it does not take them or its levels hold more than :data:`PAIR_SCAN_TERMS` terms (the
+        levels then run one by one)."""
         shape = []
 
         def read(v: View) -> Tensor:
@@ -334,7 +336,7 @@ class Run:
             return t
 
         init, xs, unary = self.scan_inputs(scan, read)
-        if not cpu_scan.pair_applies(init, xs, unary):
+        if not cpu_scan.pair_applies(init, xs, unary) or init.shape[1] * init.shape[2] ** 2 > PAIR_SCAN_TERMS:
             return None
         alphas, backward = cpu_scan.pair_forward(init, xs, unary)
         return _NativeScan(alphas, backward, tuple(shape[0]))
