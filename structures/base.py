@@ -138,10 +138,12 @@ class Structures(torch.distributions.constraints.Constraint):
 
 def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
     """⟨θ, μ⟩ over the last ``dims`` dimensions, with 0 · (-inf) = 0 (forbidden parts have μ = 0)."""
-    prod = theta.nan_to_num(0.0, 0.0, 0.0) * mu  # (one op: isfinite, its negation and a fill were four)
-    out = prod.flatten(-dims).sum(-1) if dims else prod
-    hit = ((mu > 0) & torch.isneginf(theta)).flatten(-dims).any(-1)
-    return out.masked_fill(hit, -math.inf)
+    prod = theta * mu  # -inf exactly where a forbidden part is used (μ > 0); 0 · -inf is NaN, μ < 0 gives +inf
+    hit = prod.isneginf()
+    prod = prod.nan_to_num_(0.0, 0.0, 0.0)
+    if dims:
+        prod, hit = prod.flatten(-dims).sum(-1), hit.flatten(-dims).any(-1)
+    return prod.masked_fill(hit, -math.inf)
 
 
 class Distribution(torch.distributions.Distribution):
