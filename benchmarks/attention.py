@@ -6,8 +6,9 @@ distribution on scores that require grad, takes the marginals (which autograd mu
 again) and backpropagates ``⟨marginals, v⟩`` to the scores: what a structured attention layer costs
 per training step, beside its encoder. Rows:
 
-* a linear-chain CRF as segmentation attention (Kim et al. 2017 §4.1's binary CRF: C = 2) and as a
-  small tagger (C = 8), ``LinearChainCRF [B, N-1, C, C]``;
+* segmentation attention's CRF (Kim et al. 2017 §4.1: two states), as ``SegmentationAttention``
+  builds it: ``EmissionCRF`` of emissions ``[B, N, 2]`` and learned transitions ``[2, 2]``;
+* a linear-chain CRF of edge potentials ``[B, N-1, C, C]``, C = 2 and C = 8;
 * a projective dependency CRF as syntactic attention (the transduction experiment's size: B = 20,
   n = 32), ``ProjectiveDependencyCRF [B, n+1, n+1]``;
 * the hop chain of memory networks with structure (Kim et al. §4.3: K = 3 hops over 50 facts),
@@ -28,7 +29,7 @@ from tqdm import tqdm
 
 from benchmarks.common import against_peers, print_against_peers, side_by_side_options, time_round_robin
 from benchmarks.projective import torch_struct as torch_struct_projective
-from structures import HopChainCRF, LinearChainCRF, ProjectiveDependencyCRF
+from structures import EmissionCRF, HopChainCRF, LinearChainCRF, ProjectiveDependencyCRF
 
 
 def step(marginals: Callable[[torch.Tensor], torch.Tensor], scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -45,8 +46,23 @@ def torch_struct_chain(x: torch.Tensor) -> torch.Tensor:
     return torch_struct.LinearChainCRF(x.transpose(-1, -2)).marginals.transpose(-1, -2)
 
 
+def torch_struct_emission(x: torch.Tensor, transitions: torch.Tensor) -> torch.Tensor:
+    """Tag marginals ``[B, N, C]`` of emissions and transitions [from, to] by torch-struct's chain
+    of edge potentials [to, from], the first emissions folded into the first edge."""
+    import torch_struct
+
+    edge = transitions.transpose(0, 1) + x[:, 1:, :, None]
+    edge = torch.cat([edge[:, :1] + x[:, :1, None, :], edge[:, 1:]], 1)
+    m = torch_struct.LinearChainCRF(edge).marginals
+    return torch.cat([m[:, :1].sum(-2), m.sum(-1)], 1)
+
+
+TRANSITIONS = torch.randn(2, 2, generator=torch.Generator().manual_seed(1)).requires_grad_()  # learned, as the layer's
+
 ROWS = {  # label: (shape, ours, torch-struct's or None)
-    "chain B16 N50 C2 (segmentation)": ((16, 49, 2, 2), lambda x: LinearChainCRF(x).marginals, torch_struct_chain),
+    "EmissionCRF B16 N50 C2, learned transitions (SegmentationAttention)": (
+        (16, 50, 2), lambda x: EmissionCRF(x, TRANSITIONS).marginals, lambda x: torch_struct_emission(x, TRANSITIONS)),
+    "chain B16 N50 C2": ((16, 49, 2, 2), lambda x: LinearChainCRF(x).marginals, torch_struct_chain),
     "chain B8 N20 C8": ((8, 19, 8, 8), lambda x: LinearChainCRF(x).marginals, torch_struct_chain),
     "projective B20 n32": ((20, 33, 33), lambda x: ProjectiveDependencyCRF(x).marginals, torch_struct_projective),
     "hop chain B32 K3 F50": ((32, 3, 50, 50), lambda x: HopChainCRF(x).marginals, None),

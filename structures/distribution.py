@@ -183,8 +183,11 @@ class StructuredDistribution(Distribution):
     def _marginals_exact(self) -> Tensor:
         """The marginals, differentiable when θ or a shared score requires grad (the shared scores'
         alone, e.g. learned transitions or siblings over fixed potentials: through the expected counts)."""
-        if not self._theta.requires_grad and torch.is_grad_enabled() and any(v.requires_grad for v in self._shared.values()):
+        learned = torch.is_grad_enabled() and any(v.requires_grad for v in self._shared.values())
+        if learned and not self._theta.requires_grad:
             return self._expected_counts()[self._input]
+        if learned:  # (shared scores expanded to the batch: the tape differentiates its gradient per example, a Hessian-vector product on pairs, autograd summing theirs)
+            return self._derivative(self._run(sr.Log, self._inputs(self._theta, expand=True)), self._theta, create_graph=True)
         return super()._marginals_exact()
 
     def _expected_counts(self) -> dict[str, Tensor]:

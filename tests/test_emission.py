@@ -83,6 +83,33 @@ def test_gradients_reach_the_shared_transitions():
         assert torch.autograd.gradcheck(lambda a: EmissionCRF(em, *args[:i], a, *args[i + 1:], lengths).entropy(), (args[i],))
 
 
+def test_a_loss_on_the_marginals_with_learned_transitions_takes_the_tapes_hessian_vector_product(monkeypatch):
+    """Segmentation attention's training step: the shared scores enter expanded to the batch, so the
+    tape differentiates the marginals per example (pairs, the C scan's pair loops) instead of
+    re-running the program under autograd; both give the same gradients, with forbidden
+    transitions and lengths."""
+    from semiring.language import autodiff
+
+    crf, _, lengths, (em, tr, st, en) = crf_and_oracle(6, 3, seed=9, forbid_transition=True)
+    v = torch.randn(em.shape, generator=torch.Generator().manual_seed(10), dtype=em.dtype)
+
+    def gradients():
+        leaves = [x.clone().requires_grad_() for x in (em, tr, st)]
+        marginals = EmissionCRF(*leaves, en, lengths).marginals
+        return torch.autograd.grad((marginals * v).sum(), leaves)
+
+    tape = gradients()
+    monkeypatch.setattr(autodiff.TapeGradient, "applies", staticmethod(lambda run, elements: False))
+    rerun = gradients()
+    for a, b in zip(tape, rerun):
+        assert_close(a, b, rtol=1e-10, atol=1e-12)
+    monkeypatch.undo()
+    calls, backward = [], autodiff.TapeGradient.backward
+    monkeypatch.setattr(autodiff.TapeGradient, "backward", staticmethod(lambda ctx, *V: calls.append(1) or backward(ctx, *V)))
+    gradients()
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("argument, kwargs", [
     ("emissions", dict(emissions=torch.zeros(2, 3))),
     ("transitions", dict(transitions=torch.zeros(3, 4))),
