@@ -180,6 +180,7 @@ class StructuredDistribution(Distribution):
             raise NotImplementedError(f"{type(self).__name__} has shared scores but no shared_counts")
         return {}
 
+    @_eager
     def _marginals_exact(self) -> Tensor:
         """The marginals, differentiable when θ or a shared score requires grad (the shared scores'
         alone, e.g. learned transitions or siblings over fixed potentials: through the expected counts)."""
