@@ -283,12 +283,7 @@ static PyObject *call(PyObject *args, int backward) {
     Py_BEGIN_ALLOW_THREADS
     ok = run_all(&a, CODE[isa][max][backward][is_double], is_double ? sizeof(double) : sizeof(float), threads);
     Py_END_ALLOW_THREADS
-    if (!ok) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_INCREF(Py_None);
-    result = Py_None;
+    result = ok ? Py_NewRef(Py_None) : PyErr_NoMemory();
 done:
     PyBuffer_Release(&buf);
     return result;
@@ -439,12 +434,7 @@ static PyObject *pair_call(PyObject *args, int backward) {
     Py_BEGIN_ALLOW_THREADS
     ok = split_batch(backward ? pair_backward_part : pair_forward_part, &a, a.B, threads < worth ? threads : worth);
     Py_END_ALLOW_THREADS
-    if (!ok) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_INCREF(Py_None);
-    result = Py_None;
+    result = ok ? Py_NewRef(Py_None) : PyErr_NoMemory();
 done:
     PyBuffer_Release(&buf);
     return result;

@@ -288,6 +288,18 @@ class Run:
             xs = xs.narrow(-3, 0, 1)  # one matrix for every level and example
         return read(scan.init), xs, None if scan.unary is None else read(scan.unary)
 
+    def scan_views(self, scan: Scan, buf: dict[str, Tensor]) -> tuple[Tensor, Tensor, Tensor | None, tuple[int, ...]]:
+        """:meth:`scan_inputs` read from the buffers, and the shape of the matrices' view (before
+        one matrix for every level is narrowed to one)."""
+        shape = []
+
+        def read(v: View) -> Tensor:
+            t = self.view(buf[v.source], v)
+            shape.append(t.shape)
+            return t
+
+        return (*self.scan_inputs(scan, read), tuple(shape[0]))
+
     def scan(self, scan: Scan, read) -> Tensor:
         """A run of chain levels: ``[*, B, T, L]``."""
         return self.semiring.scan(*self.scan_inputs(scan, read))
@@ -299,14 +311,7 @@ class Run:
         needs, or None where the scan does not take it (the autograd path runs instead)."""
         if self.native is None:
             return None
-        shape = []
-
-        def read(v: View) -> Tensor:
-            t = self.view(buf[v.source], v)
-            shape.append(t.shape)
-            return t
-
-        init, xs, unary = self.scan_inputs(scan, read)
+        init, xs, unary, shape = self.scan_views(scan, buf)
         is_max = type(self.semiring) is MaxSemiring
         if self.native is kernel and cpu_scan.applies(init, xs, unary, keep=keep and not is_max):
             reads_init = is_max  # (the C Log backward reads only the kept weights)
@@ -322,24 +327,17 @@ class Run:
         else:
             alphas, base = triton_scan.forward(init, xs, unary, is_max)
             backward = lambda g: triton_scan.backward(init, xs, unary, alphas, base, g, is_max)  # noqa: E731
-        return _NativeScan(alphas, backward, tuple(shape[0]))
+        return _NativeScan(alphas, backward, shape)
 
     def pair_scan(self, scan: Scan, buf: dict[str, Tensor]) -> "_NativeScan | None":
         """A run of chain levels on pairs (value, tangent) by the C scan's pair loops (Log), or None
         where it does not take them or its levels hold more than :data:`PAIR_SCAN_TERMS` terms (the
         levels then run one by one)."""
-        shape = []
-
-        def read(v: View) -> Tensor:
-            t = self.view(buf[v.source], v)
-            shape.append(t.shape)
-            return t
-
-        init, xs, unary = self.scan_inputs(scan, read)
+        init, xs, unary, shape = self.scan_views(scan, buf)
         if not cpu_scan.pair_applies(init, xs, unary) or init.shape[1] * init.shape[2] ** 2 > PAIR_SCAN_TERMS:
             return None
         alphas, backward = cpu_scan.pair_forward(init, xs, unary)
-        return _NativeScan(alphas, backward, tuple(shape[0]))
+        return _NativeScan(alphas, backward, shape)
 
     def forward(self, elements: list[Tensor], dual: bool = False, keep: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
         """Every level into the buffers: (goal ``[*, B]``, the buffers with the inputs). ``keep``:
