@@ -295,3 +295,103 @@ def test_the_kernel_runs_the_best_instruction_set_of_the_cpu():
     assert kernel._kernel.isa() == kernel._kernel.isas()[-1]
     with pytest.raises(ValueError, match="isa"):
         kernel._kernel.set_isa("vax")
+
+
+# ---------------------------------------------------------------- pairs: the Hessian-vector product
+
+
+def hessian_vector_product(text, inputs, lengths) -> list[torch.Tensor]:
+    """A loss on the marginals, backpropagated (structured attention's training step): ``∂⟨∂ log Z /
+    ∂x, v⟩ / ∂x`` for every floating input x, v fixed and random."""
+    floats = {k: v.clone().requires_grad_() for k, v in inputs.items() if v.dtype.is_floating_point}
+    out = sr.program(text)(sr.Log, lengths=lengths, **{**inputs, **floats})
+    grads = torch.autograd.grad(out[out.isfinite()].sum(), list(floats.values()), create_graph=True, allow_unused=True)
+    g = torch.Generator().manual_seed(3)
+    loss = sum((d * torch.randn(d.shape, generator=g, dtype=d.dtype)).sum() for d in grads if d is not None)
+    hv = torch.autograd.grad(loss, list(floats.values()), allow_unused=True)
+    return [torch.zeros_like(x) if h is None else h for x, h in zip(floats.values(), hv)]
+
+
+def pair_steps_off(monkeypatch) -> None:
+    """Runs on pairs take the torch calls, level by level (the path the kernel's pair steps replace)."""
+    monkeypatch.setattr(kernel, "takes_pairs", lambda *args: False)
+
+
+def counted_pair_calls(monkeypatch) -> dict[str, int]:
+    """Counts the calls of the kernel's pair passes."""
+    calls = {"pair_forward": 0, "pair_backward": 0}
+    native = kernel._kernel
+
+    class Counting:
+        def __getattr__(self, name):
+            if name not in calls:
+                return getattr(native, name)
+
+            def call(*args):
+                calls[name] += 1
+                return getattr(native, name)(*args)
+
+            return call
+
+    monkeypatch.setattr(kernel, "_kernel", Counting())
+    return calls
+
+
+_PAIRED = ["chain", "hops", "semimarkov", "projective multi-root", "projective single-root", "brackets (tour)",
+           "eisner", "cky", "alignment (n, m)", "a chain read backwards (two phases)"]
+# (the others have inputs shared by the batch or lookups: their product re-runs the program under autograd)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name", _PAIRED)
+def test_a_loss_on_the_marginals_runs_in_the_kernels_pair_steps_as_the_torch_calls_run_it(name, dtype, monkeypatch):
+    """The Hessian-vector product's passes on pairs (value, tangent) run every level in the kernel
+    (one call each way per stretch) and give what the torch calls' pair levels give, with random
+    lengths and forbidden (-inf) entries (float64: to rounding)."""
+    text, inputs, lengths = run(name, dtype)
+    with monkeypatch.context() as m:
+        pair_steps_off(m)
+        expected = hessian_vector_product(text, inputs, lengths)
+    calls = counted_pair_calls(monkeypatch)
+    got = hessian_vector_product(text, inputs, lengths)
+    assert calls["pair_forward"] >= 1 and calls["pair_backward"] >= 1
+    tolerance = dict(rtol=1e-10, atol=1e-10) if dtype is torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    for a, b in zip(got, expected):
+        assert_close(a, b, **tolerance)
+
+
+@pytest.mark.parametrize("isa", kernel._kernel.isas() if kernel._kernel else [])
+def test_every_instruction_set_runs_the_pair_steps_alike(isa, monkeypatch):
+    """The pair steps compiled for each instruction set this CPU runs give the torch calls' numbers."""
+    was = kernel._kernel.isa()
+    try:
+        kernel._kernel.set_isa(isa)
+        for name in ["projective single-root", "cky", "semimarkov"]:
+            for dtype in (torch.float64, torch.float32):
+                text, inputs, lengths = run(name, dtype)
+                with monkeypatch.context() as m:
+                    pair_steps_off(m)
+                    expected = hessian_vector_product(text, inputs, lengths)
+                got = hessian_vector_product(text, inputs, lengths)
+                tolerance = dict(rtol=1e-10, atol=1e-10) if dtype is torch.float64 else dict(rtol=1e-4, atol=1e-4)
+                for a, b in zip(got, expected):
+                    assert_close(a, b, **tolerance)
+    finally:
+        kernel._kernel.set_isa(was)
+
+
+@pytest.mark.skipif(kernel._kernel is None or not kernel._kernel.threaded, reason="the kernel is built without threads")
+@pytest.mark.parametrize("name", ["projective", "constituency"])
+def test_two_threads_give_the_pair_steps_numbers_of_one(name):
+    """The pair passes split the batch across threads as the first-order ones do, bit for bit."""
+    text, inputs, lengths = _large(name, torch.Generator().manual_seed(7))
+    inputs = {k: v.double() for k, v in inputs.items()}
+    was = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = hessian_vector_product(text, inputs, lengths)
+        torch.set_num_threads(2)
+        two = hessian_vector_product(text, inputs, lengths)
+    finally:
+        torch.set_num_threads(was)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))

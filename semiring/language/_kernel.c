@@ -39,6 +39,10 @@
  *                                                             order of execute._backward_order)
  * levels holds the descriptors levels[starts[k]:starts[k+1]] run one after the other (without starts:
  * one descriptor), so that a stretch of levels is one call.
+ * pair_forward(double, B, threads, table, levels[, starts]) and pair_backward(double, B, threads, table,
+ * grads, levels[, starts]): the same levels in the Log semiring on pairs (value, tangent), the passes of
+ * a Hessian-vector product (item by item, scalar: PAIR_STEPS below); each table holds its sources'
+ * values' rows, then as many rows of their tangents.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -159,22 +163,27 @@ static int next(int64_t *coords, const int64_t *sizes, int64_t lo, int64_t hi) {
     return 0;
 }
 
+enum { RUN_LOG, RUN_MAX, RUN_PAIRS }; /* the semiring a run computes in: Log, Max, or Log on pairs (value, tangent) */
+
 #define PITCH(inner) (((inner) + 7) / 8 * 8) /* a scratch row: a multiple of both vector widths */
 #define ROW_LIMIT (1 << 22)                     /* the most numbers a row-at-a-time step may hold */
 
-/* how a step runs: 1 a row of items at a time without K (Log), 2 a row at a time with K (long rows;
- * Max: with or without K), 0 item by item */
-static int path(const Step *s, int max) {
-    if (!s->nL) return 0;
-    if (s->n == s->nL && !max) return 1;
+/* how a step runs (mode: RUN_LOG, RUN_MAX or RUN_PAIRS): 1 a row of items at a time without K (Log), 2 a row at a
+ * time with K (long rows; Max: with or without K), 0 item by item (pairs: always) */
+static int path(const Step *s, int mode) {
+    if (!s->nL || mode == RUN_PAIRS) return 0;
+    if (s->n == s->nL && mode == RUN_LOG) return 1;
     const int64_t inner = s->sizes[s->nL - 1];
     return inner >= 4 && s->K * PITCH(inner) <= ROW_LIMIT ? 2 : 0;
 }
 
+#define PAIR_PAD(K) (((K) + 15) / 16 * 16) /* a pair step's terms, padded to any vector width: its tangents follow */
+
 /* the scratch numbers a step needs */
-static int64_t need(const Step *s, int max) {
+static int64_t need(const Step *s, int mode) {
     const int64_t pitch = s->nL ? PITCH(s->sizes[s->nL - 1]) : 8;
-    switch (path(s, max)) {
+    if (mode == RUN_PAIRS) return 2 * PAIR_PAD(s->K) + 16;
+    switch (path(s, mode)) {
     case 1: return 2 * pitch + 8;
     case 2: return (s->K + 3) * pitch + 8;
     default: return 2 * (s->K + 8);
@@ -276,6 +285,9 @@ static inline __attribute__((always_inline)) T logsumexp_##SUFFIX(const T *t, in
     for (int i = 0; i < LANES_##SUFFIX; i++) sum += sv[i];                                                 \
     return LOG(sum) + m;                                                                                    \
 }                                                                                                           \
+                                                                                                            \
+static inline T log_s_##SUFFIX(T x) { return LOG(x); } /* (scalar: the pair steps') */                    \
+static inline T exp_s_##SUFFIX(T x) { return EXP1(x); }                                                     \
                                                                                                             \
 static T logaddexp_##SUFFIX(T a, T b) {                                                                    \
     T m = a > b ? a : b;                                                                                    \
@@ -537,7 +549,7 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
 TARGET static void forward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,      \
                                                 T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
     int64_t coords[MAXDIM];                                                                                 \
-    const int way = path(s, 0);                                                                                \
+    const int way = path(s, RUN_LOG);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
@@ -570,7 +582,7 @@ TARGET static void backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_
                                                  T **gsrc, T **gdst, int64_t *rbase, int64_t *hbase) {      \
     int64_t coords[MAXDIM];                                                                                 \
     const int pass = s->n == s->nL && !s->shared; /* one instance per item: its gradient passes */         \
-    const int way = path(s, 0);                                                                                \
+    const int way = path(s, RUN_LOG);                                                                                \
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
@@ -621,6 +633,131 @@ TARGET static void backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_
                 k += inner;                                                                                 \
             } while (s->n - 1 > s->nL && next(coords, s->sizes, s->nL, last));                            \
             for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                          \
+        } while (next(coords, s->sizes, 0, s->nL));                                                         \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+/* Log on pairs: the terms t[0:K] and their tangents tau (0 where a term is -inf: masked, or of weight    \
+ * 0), each padded to the vector width */                                                                   \
+TARGET static void pair_terms_##SUFFIX##ISA(const Step *s, const int64_t *table, int64_t b, T *const *src,  \
+                                            T *const *tsrc, const int64_t *base, int64_t *coords, T *t, T *tau) { \
+    terms_##SUFFIX(s, table, b, src, base, coords, t);                                                     \
+    terms_##SUFFIX(s, table, b, tsrc, base, coords, tau);                                                  \
+    for (int64_t k = 0; k < s->K; k++) if (t[k] == -INFINITY) tau[k] = 0;                                  \
+    for (int64_t k = s->K; k % LANES_##SUFFIX; k++) tau[k] = 0;                                            \
+}                                                                                                           \
+                                                                                                            \
+TARGET static void pair_forward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table, \
+                                                   int64_t S, T *t, T **src, T **dst, T **tsrc, T **tdst,  \
+                                                   int64_t *rbase, int64_t *hbase) {                        \
+    int64_t coords[MAXDIM];                                                                                 \
+    T *tau = t + PAIR_PAD(s->K);                                                                            \
+    if (empty_##SUFFIX(s)) return;                                                                          \
+    for (int64_t b = b0; b < b1; b++) {                                                                     \
+        place_##SUFFIX(s, table, b, src, dst);                                                              \
+        place_##SUFFIX(s, table + 2 * S, b, tsrc, tdst);                                                    \
+        memset(coords, 0, sizeof coords);                                                                   \
+        do {                                                                                                \
+            item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
+            T v = -INFINITY, dv = 0; /* (an empty K: no instance) */                                        \
+            if (s->K) {                                                                                     \
+                pair_terms_##SUFFIX##ISA(s, table, b, src, tsrc, rbase, coords, t, tau);                    \
+                if (s->n == s->nL) {                                                                        \
+                    v = t[0];                                                                               \
+                    dv = tau[0];                                                                            \
+                } else {                                                                                    \
+                    T m = LOWEST, z = 0, w = 0;                                                             \
+                    for (int64_t k = 0; k < s->K; k++) m = t[k] > m ? t[k] : m;                             \
+                    m = m > -LOWEST ? -LOWEST : m;                                                          \
+                    for (int64_t k = 0; k < s->K; k += LANES_##SUFFIX)                                      \
+                        store_##SUFFIX(t + k, exp_##SUFFIX(load_##SUFFIX(t + k) - m));                      \
+                    for (int64_t k = 0; k < s->K; k++) {                                                    \
+                        z += t[k];                                                                          \
+                        w += t[k] * tau[k];                                                                 \
+                    }                                                                                       \
+                    v = log_s_##SUFFIX(z) + m;                                                               \
+                    dv = w / (z < 1 ? 1 : z); /* (z >= 1 where any term is finite) */                       \
+                }                                                                                           \
+            }                                                                                               \
+            for (int64_t h = 0; h < s->H; h++) {                                                            \
+                T *y = dst[h] + hbase[h], *ty = tdst[h] + hbase[h];                                         \
+                if (s->accumulate) { /* (y, ty) ⊕ (v, dv) */                                                \
+                    T m = *y > v ? *y : v;                                                                  \
+                    m = m < LOWEST ? LOWEST : m > -LOWEST ? -LOWEST : m;                                    \
+                    const T pa = exp_s_##SUFFIX(*y - m), pb = exp_s_##SUFFIX(v - m), z = pa + pb;           \
+                    *ty = (pa * *ty + pb * dv) / (z < 1 ? 1 : z);                                           \
+                    *y = log_s_##SUFFIX(z) + m;                                                              \
+                } else {                                                                                    \
+                    *y = v;                                                                                 \
+                    *ty = dv;                                                                               \
+                }                                                                                           \
+            }                                                                                               \
+        } while (next(coords, s->sizes, 0, s->nL));                                                         \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
+TARGET static void pair_backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table, \
+                                                    const int64_t *gtable, int64_t S, T *t, T **src, T **dst, \
+                                                    T **tsrc, T **tdst, T **gsrc, T **gdst, T **gtsrc,      \
+                                                    T **gtdst, int64_t *rbase, int64_t *hbase) {            \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int pass = s->n == s->nL && !s->shared; /* one instance per item: its gradient passes */         \
+    T *tau = t + PAIR_PAD(s->K);                                                                            \
+    if (empty_##SUFFIX(s) || !s->R || !s->K) return;                                                        \
+    for (int64_t b = b0; b < b1; b++) {                                                                     \
+        place_##SUFFIX(s, table, b, src, dst);                                                              \
+        place_##SUFFIX(s, table + 2 * S, b, tsrc, tdst);                                                    \
+        place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
+        place_##SUFFIX(s, gtable + 2 * S, b, gtsrc, gtdst);                                                 \
+        memset(coords, 0, sizeof coords);                                                                   \
+        do {                                                                                                \
+            item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
+            T g = 0, dg = 0;                                                                                \
+            for (int64_t h = 0; h < s->H; h++) {                                                            \
+                g += gdst[h][hbase[h]];                                                                     \
+                dg += gtdst[h][hbase[h]];                                                                   \
+            }                                                                                               \
+            if (g == 0 && dg == 0) continue;                                                                \
+            if (pass) {                                                                                     \
+                t[0] = g;                                                                                   \
+                tau[0] = dg;                                                                                \
+            } else {                                                                                        \
+                pair_terms_##SUFFIX##ISA(s, table, b, src, tsrc, rbase, coords, t, tau);                    \
+                T a = dst[0][hbase[0]];                                                                     \
+                a = a < LOWEST ? LOWEST : a > -LOWEST ? -LOWEST : a;                                        \
+                const T da = tdst[0][hbase[0]];                                                             \
+                for (int64_t k = 0; k < s->K; k += LANES_##SUFFIX)                                          \
+                    store_##SUFFIX(t + k, exp_##SUFFIX(load_##SUFFIX(t + k) - a));                          \
+                for (int64_t k = 0; k < s->K; k++) {                                                        \
+                    tau[k] = t[k] * (dg + g * (tau[k] - da));                                               \
+                    t[k] *= g;                                                                              \
+                }                                                                                           \
+            }                                                                                               \
+            for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                           \
+            const int64_t last = s->n - 1, inner = s->n > s->nL ? s->sizes[last] : 1;                       \
+            int64_t k = 0;                                                                                  \
+            do {                                                                                            \
+                for (int64_t r = 0; r < s->R; r++) {                                                        \
+                    const int64_t *rd = s->rd[r];                                                           \
+                    for (int half = 0; half < 2; half++) { /* the gradient, then its tangent */            \
+                        const T *restrict w = (half ? tau : t) + k;                                         \
+                        T *restrict gr = half ? gtsrc[r] : gsrc[r];                                         \
+                        if (indexed(s, rd)) {                                                               \
+                            EACH_LOCATED(rd, coords, last, inner, gr[pos[j]] += w[c + j]);                  \
+                            continue;                                                                       \
+                        }                                                                                   \
+                        int64_t at = rbase[r];                                                              \
+                        for (int64_t d = s->nL; d < last; d++) at += rd[2 + d] * coords[d];                 \
+                        T *restrict gx = gr + at;                                                           \
+                        const int64_t st = s->n > s->nL ? rd[2 + last] : 0;                                 \
+                        if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += w[i];                     \
+                        else if (st == 0) { T x = 0; for (int64_t i = 0; i < inner; i++) x += w[i]; gx[0] += x; } \
+                        else for (int64_t i = 0; i < inner; i++) gx[i * st] += w[i];                        \
+                    }                                                                                       \
+                }                                                                                           \
+                k += inner;                                                                                 \
+            } while (s->n - 1 > s->nL && next(coords, s->sizes, s->nL, last));                             \
+            for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                           \
         } while (next(coords, s->sizes, 0, s->nL));                                                         \
     }                                                                                                       \
 }
@@ -727,7 +864,7 @@ TARGET static void max_forward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int
     if (empty_##SUFFIX(s)) return;                                                                          \
     for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
-        if (path(s, 1)) {                                                                                   \
+        if (path(s, RUN_MAX)) {                                                                                   \
             max_forward_rowk_##SUFFIX(s, table, b, src, dst, rbase, hbase, t);                                        \
             continue;                                                                                       \
         }                                                                                                   \
@@ -756,7 +893,7 @@ TARGET static void max_backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, in
     for (int64_t b = b0; b < b1; b++) {                                                                       \
         place_##SUFFIX(s, table, b, src, dst);                                                              \
         place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                           \
-        if (path(s, 1)) {                                                                                   \
+        if (path(s, RUN_MAX)) {                                                                                   \
             max_backward_rowk_##SUFFIX(s, table, b, src, dst, gsrc, gdst, rbase, hbase, t);                           \
             continue;                                                                                       \
         }                                                                                                   \
@@ -790,6 +927,13 @@ KERNELS(float, vf, vif, f32, -FLT_MAX, logf, log1pf, expf)
 MAX_KERNELS(double, vd, vid, f64)
 MAX_KERNELS(float, vf, vif, f32)
 
+/* Log on pairs (value, tangent), item by item (a Hessian-vector product's passes, execute._DUAL's
+ * arithmetic): an item of terms t_k with tangents τ_k is (log Σ e^t_k, Σ p_k τ_k), p = softmax(t); the
+ * gradient g (tangent γ) of an item a (tangent α) reaches its instances as w_k = e^(t_k - a) g, with
+ * tangent e^(t_k - a) (γ + g (τ_k - α)). The tangents of a buffer are its own buffer: table rows
+ * S..2S-1 (the grads table's likewise) hold them, for the sources of rows 0..S-1. */
+
+
 /* every step function for one instruction set (../_vector.h) */
 #define ALL_STEPS(ISA, TARGET)                                \
     STEPS(double, vd, vid, f64, -DBL_MAX, ISA, TARGET)        \
@@ -815,7 +959,7 @@ static inline int batch_shared(const int64_t *table, int64_t src) { return table
 
 /* the level at p (len numbers); returns 0 on a bad descriptor. Writes are the heads (forward: in
  * table) or every read's and head's gradient (backward: in gtable) */
-static int scan_level(const int64_t *p, Py_ssize_t len, int max, const int64_t *table, const int64_t *gtable, Level *lv) {
+static int scan_level(const int64_t *p, Py_ssize_t len, int mode, const int64_t *table, const int64_t *gtable, Level *lv) {
     const int64_t *end = p + len;
     if (len < 1) return 0;
     lv->count = *p++;
@@ -824,7 +968,7 @@ static int scan_level(const int64_t *p, Py_ssize_t len, int max, const int64_t *
         Step s;
         p = parse(p, end, &s);
         if (!p || p > end || !check(&s)) return 0;
-        if (need(&s, max) > lv->room) lv->room = need(&s, max);
+        if (need(&s, mode) > lv->room) lv->room = need(&s, mode);
         if (s.R > lv->maxRH) lv->maxRH = s.R;
         if (s.H > lv->maxRH) lv->maxRH = s.H;
         int64_t instances = 1;
@@ -858,18 +1002,28 @@ static int64_t threads_for(const Level *lv, int64_t B, int64_t threads) {
 
 /* examples [b0, b1) of the level's steps, in order (scratch: t, ptrs, offs as run() sizes them), with
  * the step functions of one instruction set */
-typedef void Examples(const int64_t *p, const int64_t *end, const Level *lv, int max, int backward, int is_double,
-                      int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, void *t, void **ptrs, int64_t *offs);
+typedef void Examples(const int64_t *p, const int64_t *end, const Level *lv, int mode, int backward, int is_double,
+                      int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, int64_t S, void *t, void **ptrs,
+                      int64_t *offs);
 
 #define EXAMPLES(ISA)                                                                                             \
-static void examples##ISA(const int64_t *p, const int64_t *end, const Level *lv, int max, int backward,           \
-                          int is_double, int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, void *t,\
-                          void **ptrs, int64_t *offs) {                                                           \
+static void examples##ISA(const int64_t *p, const int64_t *end, const Level *lv, int mode, int backward,          \
+                          int is_double, int64_t b0, int64_t b1, const int64_t *tab, const int64_t *gtab, int64_t S,\
+                          void *t, void **ptrs, int64_t *offs) {                                                  \
     const int64_t m = lv->maxRH;                                                                                  \
+    const int max = mode == RUN_MAX;                                                                              \
     for (int64_t i = 0; i < lv->count; i++) {                                                                     \
         Step s;                                                                                                   \
         p = parse(p, end, &s); /* (scan_level checked every step) */                                              \
-        if (is_double) {                                                                                          \
+        if (mode == RUN_PAIRS && is_double) {                                                                     \
+            double **q = (double **)ptrs;                                                                         \
+            if (backward) pair_backward_step_f64##ISA(&s, b0, b1, tab, gtab, S, t, q, q + m, q + 2 * m, q + 3 * m, q + 4 * m, q + 5 * m, q + 6 * m, q + 7 * m, offs, offs + m); \
+            else pair_forward_step_f64##ISA(&s, b0, b1, tab, S, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);   \
+        } else if (mode == RUN_PAIRS) {                                                                           \
+            float **q = (float **)ptrs;                                                                           \
+            if (backward) pair_backward_step_f32##ISA(&s, b0, b1, tab, gtab, S, t, q, q + m, q + 2 * m, q + 3 * m, q + 4 * m, q + 5 * m, q + 6 * m, q + 7 * m, offs, offs + m); \
+            else pair_forward_step_f32##ISA(&s, b0, b1, tab, S, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m);   \
+        } else if (is_double) {                                                                                   \
             double **q = (double **)ptrs;                                                                         \
             if (max && backward) max_backward_step_f64##ISA(&s, b0, b1, tab, gtab, t, q, q + m, q + 2 * m, q + 3 * m, offs, offs + m); \
             else if (max) max_forward_step_f64##ISA(&s, b0, b1, tab, t, q, q + m, offs, offs + m);                 \
@@ -904,12 +1058,13 @@ typedef struct {
     const int64_t *all, *at; /* level k's descriptor: all[at[k]] .. all[at[k + 1]] */
     const Level *lv;         /* the levels of the run, lv[0 .. count) */
     int64_t count;
-    int max, backward, is_double;
+    int mode, backward, is_double;
     int64_t B, n, parts;
     const int64_t *tab, *gtab;
+    int64_t S; /* sources: the rows of tab (and gtab) past S are the tangents of pairs (RUN_PAIRS) */
     char *t;
     size_t room;   /* bytes of scratch a thread has */
-    int64_t maxRH; /* pointers and offsets a thread has: 4 and 2 times this */
+    int64_t maxRH; /* pointers and offsets a thread has: 8 and 2 times this */
     void **ptrs;
     int64_t *offs;
 } Job;
@@ -917,9 +1072,9 @@ typedef struct {
 static void run_part(const Job *w, int64_t j, int64_t i) {
     const int64_t m = w->maxRH;
     for (int64_t k = 0; k < w->count; k++)
-        ISA_CODE[isa](w->all + w->at[k] + 1, w->all + w->at[k + 1], &w->lv[k], w->max, w->backward, w->is_double,
-                      w->B * j / w->parts, w->B * (j + 1) / w->parts, w->tab, w->gtab, w->t + i * w->room,
-                      w->ptrs + i * 4 * m, w->offs + i * 2 * m);
+        ISA_CODE[isa](w->all + w->at[k] + 1, w->all + w->at[k + 1], &w->lv[k], w->mode, w->backward, w->is_double,
+                      w->B * j / w->parts, w->B * (j + 1) / w->parts, w->tab, w->gtab, w->S, w->t + i * w->room,
+                      w->ptrs + i * 8 * m, w->offs + i * 2 * m);
 }
 
 #if defined(_OPENMP)
@@ -971,9 +1126,9 @@ static int64_t parts_for(const Level *whole, int64_t n, int64_t B, int64_t per_e
 
 /* levels [k0, k1) as one job (lv: theirs, scanned; none writes a buffer shared by the batch, or there is
  * one level): 0, or 2 where memory ran out */
-static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, int64_t k0, int64_t k1, int max,
+static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, int64_t k0, int64_t k1, int mode,
                       int backward, int is_double, int64_t B, int64_t threads, const int64_t *tab, const int64_t *gtab,
-                      int64_t per_example) {
+                      int64_t S, int64_t per_example) {
     Level whole = lv[k0];
     for (int64_t k = k0 + 1; k < k1; k++) {
         whole.room = lv[k].room > whole.room ? lv[k].room : whole.room;
@@ -983,12 +1138,12 @@ static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, in
     const int64_t n = THREADED ? threads_for(&whole, B, threads) : 1;
     const size_t item = is_double ? sizeof(double) : sizeof(float);
     char *t = malloc(n * whole.room * item); /* per thread: its scratch, pointers and offsets */
-    void **ptrs = malloc(n * 4 * whole.maxRH * sizeof(void *));
+    void **ptrs = malloc(n * 8 * whole.maxRH * sizeof(void *));
     int64_t *offs = malloc(n * 2 * whole.maxRH * sizeof(int64_t));
     int status = 2;
     if (t && ptrs && offs) {
         const int64_t parts = parts_for(&whole, n, B, per_example);
-        const Job job = {all, at + k0, lv + k0, k1 - k0, max, backward, is_double, B, n, parts, tab, gtab, t,
+        const Job job = {all, at + k0, lv + k0, k1 - k0, mode, backward, is_double, B, n, parts, tab, gtab, S, t,
                          whole.room * item, whole.maxRH, ptrs, offs};
         run_job(&job);
         status = 0;
@@ -1001,16 +1156,24 @@ static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, in
 
 /* forward(max, double, B, threads, table, levels[, starts]) and backward(..., table, grads, levels[,
  * starts]): the level descriptors levels[starts[k]:starts[k+1]] one after the other (without starts:
- * levels is one descriptor), in one call, so that a stretch of levels costs one crossing from Python */
-static PyObject *run(PyObject *args, int backward) {
-    int max, is_double;
+ * levels is one descriptor), in one call, so that a stretch of levels costs one crossing from Python;
+ * pair_forward(double, ...) and pair_backward(double, ...) the same in Log on pairs, their tables
+ * twice as long (the tangents' rows after the values') */
+static PyObject *run(PyObject *args, int backward, int pairs) {
+    int max = 0, is_double;
     Py_ssize_t B, threads;
     Py_buffer table, gtable = {0}, levels, starts = {0};
-    if (backward) {
+    if (pairs && backward) {
+        if (!PyArg_ParseTuple(args, "pnny*y*y*|y*", &is_double, &B, &threads, &table, &gtable, &levels, &starts)) return NULL;
+    } else if (pairs) {
+        if (!PyArg_ParseTuple(args, "pnny*y*|y*", &is_double, &B, &threads, &table, &levels, &starts)) return NULL;
+    } else if (backward) {
         if (!PyArg_ParseTuple(args, "ppnny*y*y*|y*", &max, &is_double, &B, &threads, &table, &gtable, &levels, &starts)) return NULL;
     } else if (!PyArg_ParseTuple(args, "ppnny*y*|y*", &max, &is_double, &B, &threads, &table, &levels, &starts)) {
         return NULL;
     }
+    const int mode = pairs ? RUN_PAIRS : max ? RUN_MAX : RUN_LOG;
+    const int64_t S = table.len / (Py_ssize_t)(2 * sizeof(int64_t)) / (pairs ? 2 : 1);
     const int64_t *all = (const int64_t *)levels.buf, *tab = (const int64_t *)table.buf;
     const int64_t *gtab = backward ? (const int64_t *)gtable.buf : NULL;
     const int64_t size = levels.len / (Py_ssize_t)sizeof(int64_t);
@@ -1022,7 +1185,7 @@ static PyObject *run(PyObject *args, int backward) {
     Level *lv = malloc((count > 0 ? count : 1) * sizeof(Level));
     int status = lv ? 0 : 2;
     for (int64_t k = 0; k < count && !status; k++)
-        if (at[k] < 0 || at[k] > at[k + 1] || at[k + 1] > size || !scan_level(all + at[k], at[k + 1] - at[k], max, tab, gtab, &lv[k]))
+        if (at[k] < 0 || at[k] > at[k + 1] || at[k + 1] > size || !scan_level(all + at[k], at[k + 1] - at[k], mode, tab, gtab, &lv[k]))
             status = 1;
     Py_BEGIN_ALLOW_THREADS
     /* the levels in jobs: each run of levels that write no buffer shared by the batch is one, split
@@ -1030,7 +1193,7 @@ static PyObject *run(PyObject *args, int backward) {
     for (int64_t k0 = 0, k1; k0 < count && !status; k0 = k1) {
         k1 = k0 + 1;
         while (k1 < count && !lv[k0].shared_writes && !lv[k1].shared_writes) k1++;
-        status = run_levels(all, at, lv, k0, k1, max, backward, is_double, B, threads, tab, gtab, per_example);
+        status = run_levels(all, at, lv, k0, k1, mode, backward, is_double, B, threads, tab, gtab, S, per_example);
     }
     Py_END_ALLOW_THREADS
     free(lv);
@@ -1044,8 +1207,10 @@ static PyObject *run(PyObject *args, int backward) {
     Py_RETURN_NONE;
 }
 
-static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0); }
-static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1); }
+static PyObject *forward(PyObject *self, PyObject *args) { return run(args, 0, 0); }
+static PyObject *backward(PyObject *self, PyObject *args) { return run(args, 1, 0); }
+static PyObject *pair_forward(PyObject *self, PyObject *args) { return run(args, 0, 1); }
+static PyObject *pair_backward(PyObject *self, PyObject *args) { return run(args, 1, 1); }
 
 static PyObject *get_part_bytes(PyObject *self, PyObject *unused) { return PyLong_FromLongLong(part_bytes); }
 
@@ -1066,6 +1231,8 @@ static PyObject *set_part_bytes(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"forward", forward, METH_VARARGS, "forward(max, double, B, threads, table, levels[, starts]): the levels' items into their heads"},
     {"backward", backward, METH_VARARGS, "backward(max, double, B, threads, table, grads, levels[, starts]): the levels' gradients"},
+    {"pair_forward", pair_forward, METH_VARARGS, "pair_forward(double, B, threads, table, levels[, starts]): forward in Log on pairs (value, tangent)"},
+    {"pair_backward", pair_backward, METH_VARARGS, "pair_backward(double, B, threads, table, grads, levels[, starts]): backward in Log on pairs"},
     {"part_bytes", get_part_bytes, METH_NOARGS, "part_bytes(): the bytes of the buffers' rows a part of the batch is kept within"},
     {"set_part_bytes", set_part_bytes, METH_VARARGS, "set_part_bytes(bytes): keep a part of the batch within this many bytes of rows"},
     ISA_METHODS

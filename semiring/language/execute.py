@@ -51,6 +51,7 @@ class Run:
         self.found: dict[int, Tensor] = {}  # id(view) -> its positions looked up from data (the inputs' indices are fixed)
         self.goal: int | Tensor | None = None  # :meth:`goal_index`, once found
         self.bound: tuple[dict[str, Tensor], kernel.Bound | triton_levels.Bound | None] | None = None  # (buffers, their kernels)
+        self.pair_kernel = False  # (a run on pairs: whether the C kernel runs its levels, :meth:`paired`)
 
     # ------------------------------------------------------------ reading and writing
 
@@ -186,6 +187,8 @@ class Run:
         forward-mode derivatives in the direction the inputs' tangents give."""
         run = copy.copy(self)
         run.lead, run.kept, run.bound = self.lead + 1, {}, None
+        run.pair_kernel = (self.native is kernel and type(self.semiring) is LogSemiring
+                           and kernel.takes_pairs(self.plan, self.levels(fused=True), _backward_order))
         return run
 
     def unrecorded(self) -> bool:
@@ -199,17 +202,22 @@ class Run:
 
     def kernel(self, buf: dict[str, Tensor], dual: bool) -> kernel.Bound | triton_levels.Bound | None:
         """The native kernels of the in-place levels on ``buf``, or None where they do not apply;
-        bound once per buffers (the backward takes the forward's binding: its table of addresses)."""
-        if dual or self.native is None:
+        bound once per buffers (the backward takes the forward's binding: its table of addresses).
+        On pairs, the C kernel's pair steps where it takes every level (:attr:`pair_kernel`)."""
+        if self.native is None or (dual and not self.pair_kernel):
             return None
         if self.bound is not None and self.bound[0] is buf:
             compiled = self.bound[1]
             if compiled is not None:
                 compiled.grads = None  # (each backward pass binds its own gradient buffers)
             return compiled
-        skip = {lev for scan in self.scans(dual).values() for lev in range(scan.start, scan.stop)}
-        bind = triton_levels.bind if self.native is triton_levels else kernel.bind
-        compiled = bind(self.plan, self.levels(fused=True), _backward_order, self.semiring, buf, self.batch, skip)
+        scans = [scan for scan in self.scans(dual).values() if not dual or self.pair_scan_applies(scan, buf)]
+        skip = {lev for scan in scans for lev in range(scan.start, scan.stop)}
+        if dual:
+            compiled = kernel.bind(self.plan, self.levels(fused=True), _backward_order, self.semiring, buf, self.batch, skip, pairs=True)
+        else:
+            bind = triton_levels.bind if self.native is triton_levels else kernel.bind
+            compiled = bind(self.plan, self.levels(fused=True), _backward_order, self.semiring, buf, self.batch, skip)
         self.bound = buf, compiled
         return compiled
 
@@ -248,7 +256,8 @@ class Run:
         plan = self.plan
         out = {}
         if arena:
-            out[ARENA] = self.semiring.zero((self.batch, plan.arena_size), like)
+            zero = self.semiring.zero((self.batch, plan.arena_size), like)
+            out[ARENA] = torch.stack((zero, torch.zeros_like(zero))) if dual else zero
             for key, base in plan.arena.items():
                 out[key] = out[ARENA].narrow(-1, base, plan.size[key])
         for keys in plan.keys.values():
@@ -329,13 +338,18 @@ class Run:
             backward = lambda g: triton_scan.backward(init, xs, unary, alphas, base, g, is_max)  # noqa: E731
         return _NativeScan(alphas, backward, shape)
 
+    def pair_scan_applies(self, scan: Scan, buf: dict[str, Tensor]) -> bool:
+        """Whether the C scan's pair loops take a run of chain levels on pairs (value, tangent): not
+        where its levels hold more than :data:`PAIR_SCAN_TERMS` terms (the levels then run one by one)."""
+        init, xs, unary, _ = self.scan_views(scan, buf)
+        return cpu_scan.pair_applies(init, xs, unary) and init.shape[1] * init.shape[2] ** 2 <= PAIR_SCAN_TERMS
+
     def pair_scan(self, scan: Scan, buf: dict[str, Tensor]) -> "_NativeScan | None":
         """A run of chain levels on pairs (value, tangent) by the C scan's pair loops (Log), or None
-        where it does not take them or its levels hold more than :data:`PAIR_SCAN_TERMS` terms (the
-        levels then run one by one)."""
-        init, xs, unary, shape = self.scan_views(scan, buf)
-        if not cpu_scan.pair_applies(init, xs, unary) or init.shape[1] * init.shape[2] ** 2 > PAIR_SCAN_TERMS:
+        where they do not take it (:meth:`pair_scan_applies`)."""
+        if not self.pair_scan_applies(scan, buf):
             return None
+        init, xs, unary, shape = self.scan_views(scan, buf)
         alphas, backward = cpu_scan.pair_forward(init, xs, unary)
         return _NativeScan(alphas, backward, shape)
 
@@ -344,13 +358,14 @@ class Run:
         keep what the backward of fused scans needs (their graphs)."""
         like = elements[0] if elements else torch.zeros(0)
         buf = self.sources(elements)
-        buf.update(self.buffers(like, arena=not dual, dual=dual))
+        fused = not dual or self.pair_kernel
+        buf.update(self.buffers(like, arena=fused, dual=dual))
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         scans = self.scans(dual)
         if not dual:  # (a run on pairs keeps only its scans, in a copy of its own: paired())
             self.kept = {}
         compiled = self.kernel(buf, dual)
-        levels = self.levels(fused=not dual)
+        levels = self.levels(fused=fused)
         lev = 0
         while lev < len(levels):
             ran = compiled.forward(lev) if compiled is not None else 0  # (a stretch of levels at once)
@@ -410,7 +425,7 @@ class Run:
         manual = (_DUAL if dual else _MANUAL).get(type(self.semiring))
         ends = {scan.stop - 1: scan for scan in self.scans(dual).values() if scan.start in self.kept}  # (pairs: the scans that ran)
         compiled = self.kernel(buf, dual)
-        levels = self.levels(fused=not dual)
+        levels = self.levels(fused=not dual or self.pair_kernel)
         lev = len(levels) - 1
         while lev >= 0:
             ran = compiled.backward(lev, grads) if compiled is not None else 0  # (a stretch of levels at once)

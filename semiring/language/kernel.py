@@ -8,8 +8,10 @@ descriptor (its steps' boxes, the strides and offsets of their views, their mask
 weights ``exp(terms - item)`` instead of keeping them); views that gather (clamped positions) or
 look positions up from data run there too. A level with more than 16 coordinates or 32 terms per
 rule runs as torch calls, as does every run off the CPU (on a GPU, :mod:`.triton_levels` runs the
-same descriptors), on the pairs (value, tangent) of a Hessian-vector product, in another semiring, or where the optional
-extension was not built (setup.py): the two paths compute the same numbers (tests/test_kernel.py). Where the
+same descriptors), in another semiring, or where the optional extension was not built (setup.py): the
+two paths compute the same numbers (tests/test_kernel.py). A Hessian-vector product's passes on pairs
+(value, tangent) run in the kernel's pair steps (``pairs=True``: each buffer's values and tangents,
+item by item) where it takes every level of the plan (:func:`takes_pairs`). Where the
 kernel applies, a chain's run of levels is a scan (:meth:`~.execute.Run.scans`), one call of the C
 scan each way (:mod:`semiring.cpu_scan`; without it, a chain of a matrix per level runs here level by
 level, 3.5 vs 21 ms as torch's scan for marginals at B=4, N=256, C=16). A level splits the batch across up to
@@ -62,19 +64,22 @@ class Bound:
     many it ran (0: ``lev`` runs as torch calls); ``backward(lev, grads)`` runs those from ``lev``
     down to the first of its stretch the same way."""
 
-    def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, double: bool, max: bool, skip: set[int]):
-        self.levels, self.batch, self.double, self.max = levels, batch, double, max
+    def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, double: bool, max: bool, skip: set[int],
+                 pairs: bool = False):
+        self.levels, self.batch, self.double, self.max, self.pairs = levels, batch, double, max, pairs
         self.threads = torch.get_num_threads()
-        self.table = levels.table(buf)
+        self.table = levels.table(buf, pairs=pairs)
         self.first, self.end = levels.stretches(skip)
         self.grads: np.ndarray | None = None  # the gradient buffers' table, made by a backward pass's first level
         # (of the buffers the levels run here name: an input only a skipped level reads, a scan's,
         # gets its gradient whole from there, no zero-filled buffer to add it into)
-        self.named = set().union(*(u for lev, u in enumerate(levels.uses) if levels.backward[lev] is not None and lev not in skip))
+        self.named = levels.named(skip)
 
     def forward(self, lev: int) -> int:
         end = self.end[lev]
-        if end > lev:
+        if end > lev and self.pairs:
+            _kernel.pair_forward(self.double, self.batch, self.threads, self.table, *self.levels.run(False, lev, end))
+        elif end > lev:
             _kernel.forward(self.max, self.double, self.batch, self.threads, self.table, *self.levels.run(False, lev, end))
         return end - lev
 
@@ -83,8 +88,11 @@ class Bound:
         if first > lev:
             return 0
         if self.grads is None:
-            self.grads = self.levels.table(grads, self.named)
-        _kernel.backward(self.max, self.double, self.batch, self.threads, self.table, self.grads, *self.levels.run(True, first, lev + 1))
+            self.grads = self.levels.table(grads, self.named, self.pairs)
+        if self.pairs:
+            _kernel.pair_backward(self.double, self.batch, self.threads, self.table, self.grads, *self.levels.run(True, first, lev + 1))
+        else:
+            _kernel.backward(self.max, self.double, self.batch, self.threads, self.table, self.grads, *self.levels.run(True, first, lev + 1))
         return lev + 1 - first
 
 
@@ -98,12 +106,19 @@ def applies(semiring: Semiring, inputs) -> bool:
 
 
 def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semiring, buf: dict[str, Tensor],
-         batch: int, skip: set[int]) -> Bound | None:
+         batch: int, skip: set[int], pairs: bool = False) -> Bound | None:
     """The kernel for a run in place on ``buf`` (``[B or 1, positions]`` per key; a run that
     :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer does not
-    fit (:meth:`.pack.Packed.fits`)."""
-    like = buf[GOAL]
+    fit (:meth:`.pack.Packed.fits`). ``pairs``: a Log run on pairs (value, tangent), ``[2, B or 1,
+    positions]`` per key (:meth:`~.execute.Run.paired`)."""
     levels_ = packed(plan, levels, backward_order)
-    if not levels_.fits(buf):
+    if not all(levels_.fits(buf, c) for c in ((0, 1) if pairs else (None,))):
         return None
-    return Bound(levels_, buf, batch, like.dtype == torch.float64, type(semiring) is MaxSemiring, skip)
+    like = buf[GOAL]
+    return Bound(levels_, buf, batch, like.dtype == torch.float64, type(semiring) is MaxSemiring, skip, pairs)
+
+
+def takes_pairs(plan: Plan, levels: list[list[Step]], backward_order) -> bool:
+    """Whether the kernel runs every level of a Log run on pairs (:func:`bind` with ``pairs``): no
+    level is left to torch calls (which run the plan's unfused levels on pairs)."""
+    return available() and all(d is not None for d in packed(plan, levels, backward_order).forward)

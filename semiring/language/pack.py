@@ -53,6 +53,7 @@ class Packed:
         self.instances: list[int] = []  # per level: the most instances per item of its steps (1: pointwise)
         self._stretches: dict[frozenset[int], tuple[list[int], list[int]]] = {}  # :meth:`stretches` per set of skipped levels
         self._runs: dict[tuple[bool, int, int], tuple[np.ndarray, np.ndarray]] = {}  # :meth:`run` per direction and levels
+        self._named: dict[frozenset[int], set[int]] = {}  # :meth:`named` per set of skipped levels
         self.uses: list[set[int]] = []  # per level: the keys its descriptors name
         for steps in levels:
             used: set[int] = set()
@@ -71,24 +72,31 @@ class Packed:
             self.backward.append(_level([by_step[id(s)] for s in backward]))
 
 
-    def fits(self, buf: dict[str, Tensor]) -> bool:
+    def fits(self, buf: dict[str, Tensor], component: int | None = None) -> bool:
         """Whether every buffer the descriptors name is ``[B or 1, positions]``, unit stride, on the
-        charts' device, in their float dtype (int64 for looked-up indices)."""
-        like = buf[GOAL]
+        charts' device, in their float dtype (int64 for looked-up indices); ``component``: of each
+        buffer's ``component`` (pairs ``[2, B or 1, positions]``)."""
+        def at(key: str) -> Tensor:
+            return buf[key] if component is None else buf[key][component]
+
+        like = at(GOAL)
         for key in self.keys:
-            t = buf[key]
+            t = at(key)
             dtype = torch.int64 if key in self.indices else like.dtype
             if t.dtype != dtype or t.device != like.device or t.dim() != 2 or (t.shape[1] > 1 and t.stride(1) != 1):
                 return False
         return True
 
-    def table(self, buf: dict[str, Tensor], only: set[int] | None = None) -> np.ndarray:
+    def table(self, buf: dict[str, Tensor], only: set[int] | None = None, pairs: bool = False) -> np.ndarray:
         """Per key: (address, batch stride) of its buffer ``[B or 1, positions]`` (0: shared by the
         batch); with ``only``, (0, 0) for the keys outside it, whose buffers are not asked for (a
-        gradient buffer is made when first asked for)."""
+        gradient buffer is made when first asked for). ``pairs``: the buffers are pairs ``[2, B or 1,
+        positions]``, and the table the values' rows, then the tangents'."""
+        wanted = [buf[k] if only is None or i in only else None for i, k in enumerate(self.keys)]
+        parts = [[t if t is None else t[c] for t in wanted] for c in (0, 1)] if pairs else [wanted]
         rows = [(t.data_ptr(), t.stride(0) if t.shape[0] > 1 else 0) if t is not None else (0, 0)
-                for t in (buf[k] if only is None or i in only else None for i, k in enumerate(self.keys))]
-        return np.array(rows, dtype=np.int64).reshape(len(self.keys), 2)
+                for part in parts for t in part]
+        return np.array(rows, dtype=np.int64).reshape(len(rows), 2)
 
     def run(self, backward: bool, first: int, end: int) -> tuple[np.ndarray, np.ndarray]:
         """The descriptors of levels ``first .. end - 1`` in the order they run (backward: from the
@@ -119,6 +127,15 @@ class Packed:
                 end[lev] = stop
             self._stretches[key] = first, end
         return self._stretches[key]
+
+
+    def named(self, skip: set[int]) -> set[int]:
+        """The keys the backward descriptors of the levels outside ``skip`` name (the gradient
+        buffers a backward pass here writes), found once per set of skipped levels."""
+        key = frozenset(skip)
+        if key not in self._named:
+            self._named[key] = set().union(*(u for lev, u in enumerate(self.uses) if self.backward[lev] is not None and lev not in skip))
+        return self._named[key]
 
 
 def packed(plan: Plan, levels: list[list[Step]], backward_order) -> Packed:
