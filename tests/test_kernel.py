@@ -13,7 +13,7 @@ import torch
 from torch.testing import assert_close
 
 import semiring as sr
-from semiring.language import kernel
+from semiring.language import execute, kernel
 from semiring.language.reference import interpret
 from structures import ConstituencyCRF, LinearChainCRF, ProjectiveDependencyCRF
 from structures.alignment import _PROGRAMS as _ALIGNMENTS
@@ -82,7 +82,7 @@ def test_the_cpu_runs_every_level_in_the_kernel(name, monkeypatch):
     inputs = {k: v.int() if not v.dtype.is_floating_point else v for k, v in inputs.items()}
     bound = []
     bind = kernel.bind
-    monkeypatch.setattr(kernel, "bind", lambda *args: bound.append(bind(*args)) or bound[-1])
+    monkeypatch.setattr(kernel, "bind", lambda *args, **kwargs: bound.append(bind(*args, **kwargs)) or bound[-1])
     program = sr.program(text)
     program(sr.Log, lengths=lengths, **inputs)
     (plan,) = program._plans.values()
@@ -314,7 +314,7 @@ def hessian_vector_product(text, inputs, lengths) -> list[torch.Tensor]:
 
 def pair_steps_off(monkeypatch) -> None:
     """Runs on pairs take the torch calls, level by level (the path the kernel's pair steps replace)."""
-    monkeypatch.setattr(kernel, "takes_pairs", lambda *args: False)
+    monkeypatch.setattr(execute, "PAIR_KERNELS", False)
 
 
 def counted_pair_calls(monkeypatch) -> dict[str, int]:

@@ -23,7 +23,7 @@ from semiring.language import kernel, triton_levels
 from structures import ConstituencyCRF, ProjectiveDependencyCRF
 from structures.projective import _MULTI_ROOT
 from test_cuda import BUILDERS
-from test_kernel import run, value_and_gradients
+from test_kernel import hessian_vector_product, pair_steps_off, run, value_and_gradients
 from test_reference import PROGRAMS
 
 CUDA = torch.cuda.is_available()
@@ -53,9 +53,9 @@ def on_torch():
 
 
 def launches(monkeypatch, module=None) -> list[tuple]:
-    """The kernels' launches from now on: (forward or backward, then the last three arguments: for
-    the levels' kernels first level, last level + 1, the only step run or -1: all); ``module``: of
-    other kernels named forward and backward (the scan's)."""
+    """The kernels' launches from now on: (forward or backward, "pair forward" or "pair backward" on
+    pairs, then the last three arguments: for the levels' kernels first level, last level + 1, the
+    only step run or -1: all); ``module``: of other kernels named forward and backward (the scan's)."""
     seen = []
     module = module or triton_levels._kernels()
     for name in ("forward", "backward"):
@@ -67,7 +67,7 @@ def launches(monkeypatch, module=None) -> list[tuple]:
 
             def __getitem__(self, grid):
                 def launch(*args, **kwargs):
-                    seen.append((self.name, *args[-3:]))
+                    seen.append(("pair " * bool(kwargs.get("PAIRS")) + self.name, *args[-3:]))
                     return self.fn[grid](*args, **kwargs)
                 return launch
 
@@ -113,6 +113,25 @@ def test_every_program_equals_the_torch_calls(name, semiring, monkeypatch):
 @pytest.mark.parametrize("name", ["projective multi-root", "cky", "semimarkov"])
 def test_float32_equals_the_torch_calls(name, monkeypatch):
     compare(name, sr.Log, monkeypatch, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("name", ["cky", "semimarkov", "hops", "brackets (tour)"])
+def test_a_loss_on_the_marginals_runs_its_pairs_in_the_kernels(name, dtype, monkeypatch):
+    """A Hessian-vector product's passes on pairs (value, tangent) launch the kernels on pairs and
+    give what the torch calls' pair levels give, with random lengths and -inf entries."""
+    text, inputs, lengths = on_device(name, dtype)
+    with monkeypatch.context() as m:
+        pair_steps_off(m)
+        with on_triton():
+            expected = hessian_vector_product(text, inputs, lengths)
+    seen = launches(monkeypatch)
+    with on_triton():
+        got = hessian_vector_product(text, inputs, lengths)
+    assert {kind for kind, *_ in seen} == {"forward", "backward", "pair forward", "pair backward"}
+    tolerance = dict(rtol=1e-10, atol=1e-10) if dtype is torch.float64 else dict(rtol=1e-4, atol=1e-4)
+    for a, b in zip(got, expected):
+        assert_close(a, b, **tolerance)
 
 
 PROGRAM_STRUCTURES = {name: build for name, build in BUILDERS.items() if name not in ("nonprojective", "nonprojective-single-root")}
@@ -204,12 +223,12 @@ from triton.compiler import ASTSource
 from semiring.language import _triton_kernels as kernels, triton_levels as levels
 for name, buffers in (("forward", ["table"]), ("backward", ["table", "gtable"])):
     for dtype, lowest in ((tl.float32, -3.4028234663852886e38), (tl.float64, -1.7976931348623157e308)):
-        for is_max in (False, True):
+        for is_max, pairs in ((False, False), (True, False), (False, True)):
             for bi, bk in ((levels.BI, levels.BK), (levels.POINTWISE_BI, 1)):
                 atomics = {"SEM": levels.ATOMICS} if name == "backward" else {}
-                constants = dict(IS_MAX=is_max, DTYPE=dtype, LOWEST=lowest, BI=bi, BK=bk, **atomics)
-                signature = {"desc": "*i64", "starts": "*i64", **{b: "*i64" for b in buffers}, "first": "i32", "last": "i32",
-                             "only": "i32", **{c: "constexpr" for c in constants}}
+                constants = dict(IS_MAX=is_max, DTYPE=dtype, LOWEST=lowest, BI=bi, BK=bk, **atomics, PAIRS=pairs)
+                signature = {"desc": "*i64", "starts": "*i64", **{b: "*i64" for b in buffers}, "S": "i32", "first": "i32",
+                             "last": "i32", "only": "i32", **{c: "constexpr" for c in constants}}
                 compiled = triton.compile(ASTSource(getattr(kernels, name), signature, constants), target=GPUTarget("cuda", 90, 32))
                 assert len(compiled.asm["cubin"]) > 0
 print("compiled")
@@ -217,8 +236,9 @@ print("compiled")
 
 
 def test_the_kernels_compile_for_an_h100_without_one():
-    """The interpreter runs Python, not the compiler: every kernel (forward and backward, Log and
-    Max, float32 and float64, both tiles) also compiles to a cubin for sm_90 (Triton's own ptxas, no GPU needed)."""
+    """The interpreter runs Python, not the compiler: every kernel (forward and backward, Log, Max
+    and Log on pairs, float32 and float64, both tiles) also compiles to a cubin for sm_90 (Triton's
+    own ptxas, no GPU needed)."""
     import subprocess
     import sys
 

@@ -80,19 +80,25 @@ def _varies(rd, n, nL):
 
 
 @triton.jit
-def _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, valid, DTYPE: tl.constexpr):
-    """``[BI, BK]``: the sum of the step's reads at (item, instance), -inf where no instance is."""
+def _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, valid, DTYPE: tl.constexpr, PAIRS: tl.constexpr, S):
+    """``[BI, BK]``: the sum of the step's reads at (item, instance), -inf where no instance is; and
+    (``PAIRS``) the sum of their tangents, whose table rows follow the values' (``S`` buffers on), 0
+    where no instance is (else 0 everywhere)."""
     t = tl.zeros(valid.shape, DTYPE)
+    dt = tl.zeros(valid.shape, DTYPE)
     rd = reads
     for r in range(R):
         at, next_rd = _position(rd, n, nL, sizes, table, b, items[:, None], ks[None, :], valid)
-        t += tl.load(_address(table, tl.load(rd), b, DTYPE) + at, mask=valid, other=0.0)
+        src = tl.load(rd)
+        t += tl.load(_address(table, src, b, DTYPE) + at, mask=valid, other=0.0)
+        if PAIRS:
+            dt += tl.load(_address(table, src + S, b, DTYPE) + at, mask=valid, other=0.0)
         rd = next_rd
     for j in range(M):
         md = masks + j * (2 + n)
         e = tl.load(md + 1) + _along(items, sizes, md + 2, 0, nL)[:, None] + _along(ks, sizes, md + 2, nL, n)[None, :]
         valid = valid & tl.where(tl.load(md) == 0, e >= 0, e != 0)
-    return tl.where(valid, t, float("-inf"))
+    return tl.where(valid, t, float("-inf")), tl.where(valid, dt, 0.0)
 
 
 @triton.jit
@@ -114,7 +120,7 @@ def _best(reads, masks, R, M, n, nL, sizes, table, b, items, iv, K, DTYPE: tl.co
     nan = items < 0
     for k0 in range(0, K, BK):
         ks = k0 + tl.arange(0, BK)
-        t = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, iv[:, None] & (ks < K)[None, :], DTYPE)
+        t, _ = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, iv[:, None] & (ks < K)[None, :], DTYPE, False, 0)
         kk = ks[None, :] + items[:, None] * 0
         isnan = t != t
         first_nan = tl.min(tl.where(isnan, kk, K), 1)
@@ -152,14 +158,17 @@ def _parse(p):
 
 @triton.jit
 def _step_forward(p, table, b, active, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
-                  BI: tl.constexpr, BK: tl.constexpr):
+                  BI: tl.constexpr, BK: tl.constexpr, PAIRS: tl.constexpr, S):
     """One step of a level into its heads (where ``active``; this program's tiles of its items: every
-    ``num_programs(1)``-th); returns where the next step's descriptor starts."""
+    ``num_programs(1)``-th); returns where the next step's descriptor starts. ``PAIRS``: Log on pairs
+    (value, tangent), the tangents' table rows ``S`` after the values': an item of terms t with
+    tangents τ is (log Σ e^t, Σ p τ), p = softmax(t) (execute._pair_logsumexp)."""
     n, nL, R, H, M, sizes, reads, heads, masks, I, K = _parse(p)
     accumulate = tl.load(p + 5)
     for i0 in range(tl.program_id(1) * BI, I * active, tl.num_programs(1) * BI):
         items = i0 + tl.arange(0, BI)
         iv = items < I
+        dv = tl.zeros([BI], DTYPE)
         if IS_MAX:
             v, _ = _best(reads, masks, R, M, n, nL, sizes, table, b, items, iv, K, DTYPE, BI, BK)
         else:
@@ -167,32 +176,51 @@ def _step_forward(p, table, b, active, IS_MAX: tl.constexpr, DTYPE: tl.constexpr
             s = tl.zeros([BI], DTYPE)
             for k0 in range(0, K, BK):
                 ks = k0 + tl.arange(0, BK)
-                t = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, iv[:, None] & (ks < K)[None, :], DTYPE)
+                t, dt = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, iv[:, None] & (ks < K)[None, :], DTYPE,
+                               PAIRS, S)
                 top = tl.minimum(tl.maximum(m, tl.max(t, 1)), -LOWEST)
-                s = s * tl.exp(m - top) + tl.sum(tl.exp(t - top[:, None]), 1)
+                scale = tl.exp(m - top)
+                e = tl.exp(t - top[:, None])
+                s = s * scale + tl.sum(e, 1)
+                if PAIRS:
+                    dv = dv * scale + tl.sum(e * dt, 1)
                 m = top
             v = tl.log(s) + m
+            if PAIRS:
+                dv = dv / tl.maximum(s, 1.0)  # (s >= 1 where any term is finite)
         for h in range(H):
             hd = heads + h * (2 + nL)
-            y = _address(table, tl.load(hd), b, DTYPE) + tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
+            at = tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
+            y = _address(table, tl.load(hd), b, DTYPE) + at
             out = v
             if accumulate != 0:
                 old = tl.load(y, mask=iv, other=0.0)
                 if IS_MAX:
                     out = tl.where((v != v) | ((old == old) & (v > old)), v, old)
+                elif PAIRS:  # (old, its tangent) ⊕ (v, dv)
+                    ty = _address(table, tl.load(hd) + S, b, DTYPE) + at
+                    top = tl.minimum(tl.maximum(tl.maximum(old, v), LOWEST), -LOWEST)
+                    pa = tl.exp(old - top)
+                    pb = tl.exp(v - top)
+                    z = pa + pb
+                    tl.store(ty, (pa * tl.load(ty, mask=iv, other=0.0) + pb * dv) / tl.maximum(z, 1.0), mask=iv)
+                    out = tl.log(z) + top
                 else:
                     out = _logaddexp(old, v)
+            elif PAIRS:
+                tl.store(_address(table, tl.load(hd) + S, b, DTYPE) + at, dv, mask=iv)
             tl.store(y, out, mask=iv)
     return masks + M * (2 + n)
 
 
 @triton.jit
 def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
-                   BI: tl.constexpr, BK: tl.constexpr, SEM: tl.constexpr):
+                   BI: tl.constexpr, BK: tl.constexpr, SEM: tl.constexpr, PAIRS: tl.constexpr, S):
     """One step's gradients into its reads' gradient buffers (the Log weights exp(terms - item) of
     the gradient at its items; Max: all of it to the best instance, where several rules write the
     item the first rule reaching it claiming it; where ``active``, this program's tiles of its items);
-    returns where the next step's descriptor starts."""
+    returns where the next step's descriptor starts. ``PAIRS``: the gradient g (tangent γ) of an item
+    a (tangent α) reaches its instances as w = e^(t - a) g with tangent e^(t - a) (γ + g (τ - α))."""
     n, nL, R, H, M, sizes, reads, heads, masks, I, K = _parse(p)
     shared = tl.load(p + 6)
     passes = (n == nL) & (shared == 0)  # one instance alone writes the item: the gradient passes
@@ -200,14 +228,20 @@ def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.
         items = i0 + tl.arange(0, BI)
         iv = items < I
         g = tl.zeros([BI], DTYPE)
+        dg = tl.zeros([BI], DTYPE)
         for h in range(H):
             hd = heads + h * (2 + nL)
             at = tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
             g += tl.load(_address(gtable, tl.load(hd), b, DTYPE) + at, mask=iv, other=0.0, cache_modifier=".cg")
+            if PAIRS:
+                dg += tl.load(_address(gtable, tl.load(hd) + S, b, DTYPE) + at, mask=iv, other=0.0, cache_modifier=".cg")
         hd = heads
-        item = tl.load(_address(table, tl.load(hd), b, DTYPE) + tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL),
-                       mask=iv, other=0.0)
-        live = iv & (g != 0) & (items * 0 + K > 0)
+        at = tl.load(hd + 1) + _along(items, sizes, hd + 2, 0, nL)
+        item = tl.load(_address(table, tl.load(hd), b, DTYPE) + at, mask=iv, other=0.0)
+        da = tl.zeros([BI], DTYPE)
+        if PAIRS:
+            da = tl.load(_address(table, tl.load(hd) + S, b, DTYPE) + at, mask=iv, other=0.0)
+        live = iv & ((g != 0) | (dg != 0)) & (items * 0 + K > 0)
         if IS_MAX:
             best, kb = _best(reads, masks, R, M, n, nL, sizes, table, b, items, live, K, DTYPE, BI, BK)
             if shared != 0:
@@ -226,30 +260,41 @@ def _step_backward(p, table, gtable, b, active, IS_MAX: tl.constexpr, DTYPE: tl.
             for k0 in range(0, K, BK):
                 ks = k0 + tl.arange(0, BK)
                 valid = live[:, None] & (ks < K)[None, :]
+                dw = tl.zeros([BI, BK], DTYPE)
                 if passes:
                     w = tl.where(valid, g[:, None] + tl.zeros([BI, BK], DTYPE), 0.0)
+                    if PAIRS:
+                        dw = tl.where(valid, dg[:, None] + tl.zeros([BI, BK], DTYPE), 0.0)
                 else:
-                    t = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, valid, DTYPE)
-                    w = tl.where(valid, tl.exp(t - item[:, None]) * g[:, None], 0.0)
+                    t, dt = _terms(reads, masks, R, M, n, nL, sizes, table, b, items, ks, valid, DTYPE, PAIRS, S)
+                    e = tl.exp(t - item[:, None])
+                    w = tl.where(valid, e * g[:, None], 0.0)
+                    if PAIRS:
+                        dw = tl.where(valid, e * (dg[:, None] + g[:, None] * (dt - da[:, None])), 0.0)
                 rd = reads
                 for r in range(R):
-                    x = _address(gtable, tl.load(rd), b, DTYPE)
+                    src = tl.load(rd)
                     if _varies(rd, n, nL):
-                        tl.atomic_add(x + _position(rd, n, nL, sizes, table, b, items[:, None], ks[None, :], valid)[0], w,
-                                      mask=valid, sem=SEM)
+                        pos = _position(rd, n, nL, sizes, table, b, items[:, None], ks[None, :], valid)[0]
+                        tl.atomic_add(_address(gtable, src, b, DTYPE) + pos, w, mask=valid, sem=SEM)
+                        if PAIRS:
+                            tl.atomic_add(_address(gtable, src + S, b, DTYPE) + pos, dw, mask=valid, sem=SEM)
                     else:  # the term does not vary with K: one add per item
-                        tl.atomic_add(x + _position(rd, n, nL, sizes, table, b, items, items * 0, live)[0], tl.sum(w, 1),
-                                      mask=live, sem=SEM)
+                        one = _position(rd, n, nL, sizes, table, b, items, items * 0, live)[0]
+                        tl.atomic_add(_address(gtable, src, b, DTYPE) + one, tl.sum(w, 1), mask=live, sem=SEM)
+                        if PAIRS:
+                            tl.atomic_add(_address(gtable, src + S, b, DTYPE) + one, tl.sum(dw, 1), mask=live, sem=SEM)
                     rd = _next(rd, n)
     return masks + M * (2 + n)
 
 
-# (level numbers are not specialized on: Triton would compile a variant for 1 and for multiples of 16)
-@triton.jit(do_not_specialize=["first", "last", "only"])
-def forward(desc, starts, table, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
-            BI: tl.constexpr, BK: tl.constexpr):
+# (level numbers and sources are not specialized on: Triton would compile a variant for 1 and for multiples of 16)
+@triton.jit(do_not_specialize=["S", "first", "last", "only"])
+def forward(desc, starts, table, S, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr, LOWEST: tl.constexpr,
+            BI: tl.constexpr, BK: tl.constexpr, PAIRS: tl.constexpr):
     """Levels ``first..last-1`` of example ``program_id(0)``, in order (``only`` >= 0: that step of
-    the level alone, its item tiles shared by the ``num_programs(1)`` programs of the example)."""
+    the level alone, its item tiles shared by the ``num_programs(1)`` programs of the example).
+    ``PAIRS``: Log on pairs (value, tangent), the table's rows of tangents ``S`` after the values'."""
     b = tl.program_id(0).to(tl.int64)
     for lev in range(first, last):
         p = desc + tl.load(starts + lev)
@@ -257,13 +302,13 @@ def forward(desc, starts, table, first, last, only, IS_MAX: tl.constexpr, DTYPE:
         p += 1
         for j in range(count):
             active = ((only < 0) | (j == only)).to(tl.int64)
-            p = _step_forward(p, table, b, active, IS_MAX, DTYPE, LOWEST, BI, BK)
+            p = _step_forward(p, table, b, active, IS_MAX, DTYPE, LOWEST, BI, BK, PAIRS, S)
             tl.debug_barrier()
 
 
-@triton.jit(do_not_specialize=["first", "last", "only"])
-def backward(desc, starts, table, gtable, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr,
-             LOWEST: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, SEM: tl.constexpr):
+@triton.jit(do_not_specialize=["S", "first", "last", "only"])
+def backward(desc, starts, table, gtable, S, first, last, only, IS_MAX: tl.constexpr, DTYPE: tl.constexpr,
+             LOWEST: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, SEM: tl.constexpr, PAIRS: tl.constexpr):
     """The gradients of levels ``last-1`` down to ``first`` of example ``program_id(0)`` (``only``:
     as :func:`forward`'s, the backward descriptor's steps counted). ``SEM``: the atomic adds'
     memory semantics; the gradients a step reads are loaded from L2 (``.cg``), where atomic adds
@@ -275,5 +320,5 @@ def backward(desc, starts, table, gtable, first, last, only, IS_MAX: tl.constexp
         p += 1
         for k in range(count):
             active = ((only < 0) | (k == only)).to(tl.int64)
-            p = _step_backward(p, table, gtable, b, active, IS_MAX, DTYPE, LOWEST, BI, BK, SEM)
+            p = _step_backward(p, table, gtable, b, active, IS_MAX, DTYPE, LOWEST, BI, BK, SEM, PAIRS, S)
             tl.debug_barrier()

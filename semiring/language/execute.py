@@ -28,11 +28,13 @@ from .. import cpu_scan, triton_scan
 from ..semirings import LogSemiring, MaxSemiring, Semiring
 from . import kernel, triton_levels
 from .fuse import ARENA
+from .pack import packed
 from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
 
 SCAN_LEVELS = 32  # a chain of fewer levels, of a matrix each, runs in the C kernel level by level: the scan's fixed cost (~10 torch calls) is more (B=2..8, C=4..8, one loaded AMD core: even at 32-64 levels)
 PAIR_SCAN_TERMS = 1 << 14  # a chain on pairs with more terms a level (B K^2) runs level by level: the pair scan's loops are scalar (bAbI's hop chain, B=32 K=50: 12.7-13.5 ms a Hessian-vector product in it, 9.8 ms as levels; a chain of B=16 K=2: 4.1-4.6 against 30 ms)
+PAIR_KERNELS = True  # runs on pairs (Hessian-vector products) take the native kernels' pair steps where those run every level (False: the torch calls, to compare)
 KEEP = 1.25  # the Log weights a run keeps for its backward, in numbers per number its charts and inputs hold (:meth:`Run.keepable`)
 
 
@@ -187,8 +189,8 @@ class Run:
         forward-mode derivatives in the direction the inputs' tangents give."""
         run = copy.copy(self)
         run.lead, run.kept, run.bound = self.lead + 1, {}, None
-        run.pair_kernel = (self.native is kernel and type(self.semiring) is LogSemiring
-                           and kernel.takes_pairs(self.plan, self.levels(fused=True), _backward_order))
+        run.pair_kernel = (PAIR_KERNELS and self.native is not None and type(self.semiring) is LogSemiring
+                           and packed(self.plan, self.levels(fused=True), _backward_order).complete)
         return run
 
     def unrecorded(self) -> bool:
@@ -213,11 +215,8 @@ class Run:
             return compiled
         scans = [scan for scan in self.scans(dual).values() if not dual or self.pair_scan_applies(scan, buf)]
         skip = {lev for scan in scans for lev in range(scan.start, scan.stop)}
-        if dual:
-            compiled = kernel.bind(self.plan, self.levels(fused=True), _backward_order, self.semiring, buf, self.batch, skip, pairs=True)
-        else:
-            bind = triton_levels.bind if self.native is triton_levels else kernel.bind
-            compiled = bind(self.plan, self.levels(fused=True), _backward_order, self.semiring, buf, self.batch, skip)
+        bind = triton_levels.bind if self.native is triton_levels else kernel.bind
+        compiled = bind(self.plan, self.levels(fused=True), _backward_order, self.semiring, buf, self.batch, skip, pairs=dual)
         self.bound = buf, compiled
         return compiled
 

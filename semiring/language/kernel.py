@@ -11,7 +11,7 @@ rule runs as torch calls, as does every run off the CPU (on a GPU, :mod:`.triton
 same descriptors), in another semiring, or where the optional extension was not built (setup.py): the
 two paths compute the same numbers (tests/test_kernel.py). A Hessian-vector product's passes on pairs
 (value, tangent) run in the kernel's pair steps (``pairs=True``: each buffer's values and tangents,
-item by item) where it takes every level of the plan (:func:`takes_pairs`). Where the
+item by item) where it takes every level of the plan (:meth:`~.execute.Run.paired`). Where the
 kernel applies, a chain's run of levels is a scan (:meth:`~.execute.Run.scans`), one call of the C
 scan each way (:mod:`semiring.cpu_scan`; without it, a chain of a matrix per level runs here level by
 level, 3.5 vs 21 ms as torch's scan for marginals at B=4, N=256, C=16). A level splits the batch across up to
@@ -117,8 +117,3 @@ def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semirin
     like = buf[GOAL]
     return Bound(levels_, buf, batch, like.dtype == torch.float64, type(semiring) is MaxSemiring, skip, pairs)
 
-
-def takes_pairs(plan: Plan, levels: list[list[Step]], backward_order) -> bool:
-    """Whether the kernel runs every level of a Log run on pairs (:func:`bind` with ``pairs``): no
-    level is left to torch calls (which run the plan's unfused levels on pairs)."""
-    return available() and all(d is not None for d in packed(plan, levels, backward_order).forward)

@@ -70,6 +70,7 @@ class Packed:
             by_step = {id(s): p for s, p in zip(steps, packed)}
             self.forward.append(_level(packed))
             self.backward.append(_level([by_step[id(s)] for s in backward]))
+        self.complete = all(d is not None for d in self.forward)  # every level packed (a run on pairs needs it)
 
 
     def fits(self, buf: dict[str, Tensor], component: int | None = None) -> bool:

@@ -13,7 +13,8 @@ on disk by Triton.
 Runs take these kernels where Triton imports, the inputs are CUDA float32 or float64 tensors and the
 semiring is Log or Max, outside CUDA-graph capture (the descriptors' table of buffer addresses is
 copied to the device at each run, which a graph would freeze). Everything else runs as before: other
-semirings, the pairs (value, tangent) of Hessian-vector products, the CPU (the C kernel). Tests run the
+semirings, the CPU (the C kernel). The pairs (value, tangent) of a Hessian-vector product run in them
+too (``PAIRS``: each buffer's values and its tangents) where they take every level of the plan. Tests run the
 kernels in Triton's interpreter on CPU tensors (:func:`interpreted`; ``TRITON_INTERPRET=1`` set before
 the first run). The backward's atomic adds make float32 gradients vary in their last bits from run to run.
 """
@@ -139,13 +140,14 @@ class Bound:
     ``SPLIT`` instances per example is a stretch of its own, run a step per launch with each
     example's item tiles spread over several programs."""
 
-    def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, max: bool, skip: set[int]):
+    def __init__(self, levels: Packed, buf: dict[str, Tensor], batch: int, max: bool, skip: set[int], pairs: bool = False):
         like = buf[GOAL]
-        self.levels, self.batch, self.max, self.dtype = levels, batch, max, like.dtype
+        self.levels, self.batch, self.max, self.pairs, self.dtype = levels, batch, max, pairs, like.dtype
         if levels.uploaded is None or levels.uploaded[0] != like.device:
             levels.uploaded = (like.device, _Uploaded(levels, like.device))
         self.descs = levels.uploaded[1]
-        self.table = _on(levels.table(buf), like.device)
+        self.table = _on(levels.table(buf, pairs=pairs), like.device)
+        self.sources = len(levels.keys)  # (on pairs: where the table's rows of tangents start)
         key = frozenset(skip), SPLIT  # (once per plan, set of skipped levels and threshold)
         if key not in self.descs.stretches:
             self.descs.stretches[key] = _stretches(levels, skip)
@@ -155,7 +157,7 @@ class Bound:
     def _launch(self, kernel, lev: int, first: int, last: int, items: list[int], *args, **extra) -> None:
         bi, bk = (POINTWISE_BI, 1) if POINTWISE_BI and max(self.levels.instances[first:last]) <= 1 else (BI, BK)
         constants = dict(IS_MAX=self.max, DTYPE=_DTYPES[self.dtype], LOWEST=float(torch.finfo(self.dtype).min), BI=bi, BK=bk,
-                         num_warps=WARPS, **extra)
+                         PAIRS=self.pairs, num_warps=WARPS, **extra)
         if lev not in self.split:
             kernel[(self.batch, 1)](*args, first, last, -1, **constants)
             return
@@ -168,7 +170,8 @@ class Bound:
         if lev not in self.stretch:
             return 0
         _, last = self.stretch[lev]
-        self._launch(_kernels().forward, lev, lev, last, self.levels.items[lev][0], *self.descs.forward, self.table)
+        self._launch(_kernels().forward, lev, lev, last, self.levels.items[lev][0], *self.descs.forward, self.table,
+                     self.sources)
         return last - lev
 
     def backward(self, lev: int, grads: dict[str, Tensor]) -> int:
@@ -177,21 +180,22 @@ class Bound:
             return 0
         first, _ = self.stretch[lev]
         if self.grads is None:
-            self.grads = _on(self.levels.table(grads), self.table.device)
+            self.grads = _on(self.levels.table(grads, pairs=self.pairs), self.table.device)
         self._launch(_kernels().backward, lev, first, lev + 1, self.levels.items[lev][1], *self.descs.backward, self.table,
-                     self.grads, SEM=ATOMICS)
+                     self.grads, self.sources, SEM=ATOMICS)
         return lev + 1 - first
 
 
 def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semiring, buf: dict[str, Tensor],
-         batch: int, skip: set[int]) -> Bound | None:
+         batch: int, skip: set[int], pairs: bool = False) -> Bound | None:
     """These kernels for a run in place on ``buf`` (``[B or 1, positions]`` per key; a run that
     :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer is not on
-    the charts' device in their float dtype (int64 for looked-up indices)."""
+    the charts' device in their float dtype (int64 for looked-up indices). ``pairs``: a Log run on
+    pairs (value, tangent), ``[2, B or 1, positions]`` per key."""
     levels_ = packed(plan, levels, backward_order)
-    if not levels_.fits(buf):
+    if not all(levels_.fits(buf, c) for c in ((0, 1) if pairs else (None,))):
         return None
-    return Bound(levels_, buf, batch, type(semiring) is MaxSemiring, skip)
+    return Bound(levels_, buf, batch, type(semiring) is MaxSemiring, skip, pairs)
 
 
 _DTYPES: dict = {}
