@@ -27,7 +27,7 @@ from typing import Callable, Iterator
 import torch
 from tqdm import tqdm
 
-from benchmarks import chain, constituency, ctc, nonprojective, pcfg, projective
+from benchmarks import attention, chain, constituency, ctc, nonprojective, pcfg, projective
 from benchmarks.common import fmt_bytes, machine_info, markdown_table, seed_all, time_round_robin
 from semiring.language import triton_levels
 from structures import NonProjectiveDependencyCRF
@@ -84,6 +84,12 @@ def rows(quick: bool) -> Iterator[tuple[str, Impls]]:
         yield f"PCFG inside B={B} N={N} NT={NT} T={T}", {k: impls[k] for k in ("ours", "torch-struct")}
     for B, T, V, S in ctc.SIZES[1:] if quick else ctc.SIZES:
         yield f"CTC loss + gradient B={B} T={T} V={V} S={S}", ctc.implementations(B, T, V, S)
+    for label in ("chain B16 N50 C2",) if quick else ("chain B16 N50 C2", "projective B20 n32"):
+        shape, ours, peer = attention.ROWS[label]  # (a Hessian-vector product: the passes on pairs)
+        scores, v = torch.randn(shape), torch.randn(shape)
+        yield f"attention step (a loss on the marginals) {label}", {
+            "ours": lambda f=ours, s=scores, v=v: attention.step(f, s, v),
+            "torch-struct": lambda f=peer, s=scores, v=v: attention.step(f, s, v)}
 
 
 def _device_path(fn: Callable[[], object]) -> object:
