@@ -33,7 +33,7 @@ from .plan import Plan, Scan, Step, View
 from .syntax import GOAL
 
 SCAN_LEVELS = 32  # a chain of fewer levels, of a matrix each, runs in the C kernel level by level: the scan's fixed cost (~10 torch calls) is more (B=2..8, C=4..8, one loaded AMD core: even at 32-64 levels)
-PAIR_SCAN_TERMS = 1 << 14  # a chain on pairs with more terms a level (B K^2) runs level by level: the pair scan's loops are scalar (bAbI's hop chain, B=32 K=50: 12.7-13.5 ms a Hessian-vector product in it, 9.8 ms as levels; a chain of B=16 K=2: 4.1-4.6 against 30 ms)
+PAIR_SCAN_TERMS = 1 << 8  # a chain on pairs with more terms a level (B K^2) runs level by level (in the C kernel's pair steps, whose exps are vectors; the pair scan's loops are scalar). Hessian-vector products, ms, pair scan / kernel levels, one Intel Xeon core: B=16 K=2 N=256 2.9 / 3.7, B=8 K=8 N=20 1.6 / 1.35, B=16 K=16 N=50 12.8 / 8.5, B=32 K=32 N=30 57 / 29, bAbI's hop chain B=32 K=50 8.8 / 5.8
 PAIR_KERNELS = True  # runs on pairs (Hessian-vector products) take the native kernels' pair steps where those run every level (False: the torch calls, to compare)
 KEEP = 1.25  # the Log weights a run keeps for its backward, in numbers per number its charts and inputs hold (:meth:`Run.keepable`)
 
