@@ -53,7 +53,7 @@ class Run:
         self.found: dict[int, Tensor] = {}  # id(view) -> its positions looked up from data (the inputs' indices are fixed)
         self.goal: int | Tensor | None = None  # :meth:`goal_index`, once found
         self.bound: tuple[dict[str, Tensor], kernel.Bound | triton_levels.Bound | None] | None = None  # (buffers, their kernels)
-        self.pair_kernel = False  # (a run on pairs: whether the C kernel runs its levels, :meth:`paired`)
+        self.pair_kernel = False  # (a run on pairs: whether the native kernels run its levels, :meth:`paired`)
 
     # ------------------------------------------------------------ reading and writing
 
@@ -186,7 +186,9 @@ class Run:
     def paired(self) -> "Run":
         """This run on pairs (value, tangent) stacked as a leading component ``[2, *, B, ...]``
         (Log): its forward and backward with ``dual=True`` give the values and gradients with their
-        forward-mode derivatives in the direction the inputs' tangents give."""
+        forward-mode derivatives in the direction the inputs' tangents give. Where the native kernels
+        (the C kernel, the Triton kernels) take every level of the plan, they run it on pairs, its
+        fused levels on an arena as a first-order run; else the plan's levels as torch calls."""
         run = copy.copy(self)
         run.lead, run.kept, run.bound = self.lead + 1, {}, None
         run.pair_kernel = (PAIR_KERNELS and self.native is not None and type(self.semiring) is LogSemiring
@@ -205,7 +207,7 @@ class Run:
     def kernel(self, buf: dict[str, Tensor], dual: bool) -> kernel.Bound | triton_levels.Bound | None:
         """The native kernels of the in-place levels on ``buf``, or None where they do not apply;
         bound once per buffers (the backward takes the forward's binding: its table of addresses).
-        On pairs, the C kernel's pair steps where it takes every level (:attr:`pair_kernel`)."""
+        On pairs, the kernels' pair steps where they take every level (:attr:`pair_kernel`)."""
         if self.native is None or (dual and not self.pair_kernel):
             return None
         if self.bound is not None and self.bound[0] is buf:
@@ -337,18 +339,21 @@ class Run:
             backward = lambda g: triton_scan.backward(init, xs, unary, alphas, base, g, is_max)  # noqa: E731
         return _NativeScan(alphas, backward, shape)
 
+    @staticmethod
+    def _pair_scan_takes(init: Tensor, xs: Tensor, unary: Tensor | None) -> bool:
+        return cpu_scan.pair_applies(init, xs, unary) and init.shape[1] * init.shape[2] ** 2 <= PAIR_SCAN_TERMS
+
     def pair_scan_applies(self, scan: Scan, buf: dict[str, Tensor]) -> bool:
         """Whether the C scan's pair loops take a run of chain levels on pairs (value, tangent): not
         where its levels hold more than :data:`PAIR_SCAN_TERMS` terms (the levels then run one by one)."""
-        init, xs, unary, _ = self.scan_views(scan, buf)
-        return cpu_scan.pair_applies(init, xs, unary) and init.shape[1] * init.shape[2] ** 2 <= PAIR_SCAN_TERMS
+        return self._pair_scan_takes(*self.scan_views(scan, buf)[:3])
 
     def pair_scan(self, scan: Scan, buf: dict[str, Tensor]) -> "_NativeScan | None":
         """A run of chain levels on pairs (value, tangent) by the C scan's pair loops (Log), or None
         where they do not take it (:meth:`pair_scan_applies`)."""
-        if not self.pair_scan_applies(scan, buf):
-            return None
         init, xs, unary, shape = self.scan_views(scan, buf)
+        if not self._pair_scan_takes(init, xs, unary):
+            return None
         alphas, backward = cpu_scan.pair_forward(init, xs, unary)
         return _NativeScan(alphas, backward, shape)
 
