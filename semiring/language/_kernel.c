@@ -327,6 +327,24 @@ static inline __attribute__((always_inline)) void item_offsets_##SUFFIX(const St
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
+/* w[0:inner], a row of instances' gradients along the last coordinate, added into the gradient gr of       \
+ * read rd (positions from the item's base: looked up, strided, or one shared by the row) */                \
+static inline __attribute__((always_inline)) void add_row_##SUFFIX(const Step *s, const int64_t *table, int64_t b, \
+                                                                   const int64_t *rd, int64_t base, const int64_t *coords, \
+                                                                   int64_t last, int64_t inner, const T *restrict w, \
+                                                                   T *restrict gr) {                        \
+    if (indexed(s, rd)) {                                                                                   \
+        EACH_LOCATED(rd, coords, last, inner, gr[pos[j]] += w[c + j]);                                      \
+        return;                                                                                             \
+    }                                                                                                       \
+    for (int64_t d = s->nL; d < last; d++) base += rd[2 + d] * coords[d];                                   \
+    T *restrict gx = gr + base;                                                                             \
+    const int64_t st = s->n > s->nL ? rd[2 + last] : 0;                                                     \
+    if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += w[i];                                         \
+    else if (st == 0) { T a = 0; for (int64_t i = 0; i < inner; i++) a += w[i]; gx[0] += a; }               \
+    else for (int64_t i = 0; i < inner; i++) gx[i * st] += w[i];                                            \
+}                                                                                                           \
+                                                                                                            \
 static int empty_##SUFFIX(const Step *s) {                                                                 \
     for (int64_t d = 0; d < s->nL; d++) if (s->sizes[d] == 0) return 1;                                    \
     return 0;                                                                                               \
@@ -616,20 +634,8 @@ TARGET static void backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_
             int64_t k = 0;                                                                                  \
             do {                                                                                            \
                 const T *restrict w = t + k;                                                                \
-                for (int64_t r = 0; r < s->R; r++) {                                                       \
-                    const int64_t *rd = s->rd[r];                                         \
-                    if (indexed(s, rd)) {                                                                       \
-                        EACH_LOCATED(rd, coords, last, inner, gsrc[r][pos[j]] += w[c + j]);                 \
-                        continue;                                                                           \
-                    }                                                                                       \
-                    int64_t at = rbase[r];                                                                  \
-                    for (int64_t d = s->nL; d < last; d++) at += rd[2 + d] * coords[d];                   \
-                    T *restrict gx = gsrc[r] + at;                                                          \
-                    const int64_t st = s->n > s->nL ? rd[2 + last] : 0;                                    \
-                    if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += w[i];                        \
-                    else if (st == 0) { T a = 0; for (int64_t i = 0; i < inner; i++) a += w[i]; gx[0] += a; } \
-                    else for (int64_t i = 0; i < inner; i++) gx[i * st] += w[i];                           \
-                }                                                                                           \
+                for (int64_t r = 0; r < s->R; r++)                                                          \
+                    add_row_##SUFFIX(s, table, b, s->rd[r], rbase[r], coords, last, inner, w, gsrc[r]);     \
                 k += inner;                                                                                 \
             } while (s->n - 1 > s->nL && next(coords, s->sizes, s->nL, last));                            \
             for (int64_t d = s->nL; d < s->n; d++) coords[d] = 0;                                          \
@@ -737,23 +743,9 @@ TARGET static void pair_backward_step_##SUFFIX##ISA(const Step *s, int64_t b0, i
             const int64_t last = s->n - 1, inner = s->n > s->nL ? s->sizes[last] : 1;                       \
             int64_t k = 0;                                                                                  \
             do {                                                                                            \
-                for (int64_t r = 0; r < s->R; r++) {                                                        \
-                    const int64_t *rd = s->rd[r];                                                           \
-                    for (int half = 0; half < 2; half++) { /* the gradient, then its tangent */            \
-                        const T *restrict w = (half ? tau : t) + k;                                         \
-                        T *restrict gr = half ? gtsrc[r] : gsrc[r];                                         \
-                        if (indexed(s, rd)) {                                                               \
-                            EACH_LOCATED(rd, coords, last, inner, gr[pos[j]] += w[c + j]);                  \
-                            continue;                                                                       \
-                        }                                                                                   \
-                        int64_t at = rbase[r];                                                              \
-                        for (int64_t d = s->nL; d < last; d++) at += rd[2 + d] * coords[d];                 \
-                        T *restrict gx = gr + at;                                                           \
-                        const int64_t st = s->n > s->nL ? rd[2 + last] : 0;                                 \
-                        if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += w[i];                     \
-                        else if (st == 0) { T x = 0; for (int64_t i = 0; i < inner; i++) x += w[i]; gx[0] += x; } \
-                        else for (int64_t i = 0; i < inner; i++) gx[i * st] += w[i];                        \
-                    }                                                                                       \
+                for (int64_t r = 0; r < s->R; r++) { /* the gradient, then its tangent */                   \
+                    add_row_##SUFFIX(s, table, b, s->rd[r], rbase[r], coords, last, inner, t + k, gsrc[r]); \
+                    add_row_##SUFFIX(s, table, b, s->rd[r], rbase[r], coords, last, inner, tau + k, gtsrc[r]); \
                 }                                                                                           \
                 k += inner;                                                                                 \
             } while (s->n - 1 > s->nL && next(coords, s->sizes, s->nL, last));                             \
