@@ -62,23 +62,28 @@ class CTC(StructuredDistribution):
         if not isinstance(targets, Tensor) or targets.dim() != 2:
             raise ValueError(f"targets: expected an integer tensor of shape [B, S] = [{B}, S], got {getattr(targets, 'shape', targets)}")
         S = targets.shape[1]
-        check_integers("targets", targets, (B, S), 0, V - 1)
+        values = check_integers("targets", targets, (B, S), 0, V - 1)
         if not 0 <= blank < V:
             raise ValueError(f"blank: expected an index in 0..{V - 1}, got {blank}")
         input_lengths = given_lengths(input_lengths, input_mask, B, 1, T, log_probs.device, ("input_lengths", "input_mask"))
         target_lengths = given_lengths(target_lengths, target_mask, B, 0, S, targets.device, ("target_lengths", "target_mask"))
-        inside = prefix_mask(torch.full((B,), S, device=targets.device) if target_lengths is None else target_lengths, S)
-        if validating() and bool((inside & (targets == blank)).any()):
-            raise ValueError(f"targets: the blank {blank} appears within a target length")
+        inside = None if target_lengths is None else prefix_mask(target_lengths, S)
+        # (no blank among the values read: nothing to look for)
+        if validating() and (values is None or values[0] <= blank <= values[1]):
+            within = targets == blank if inside is None else inside & (targets == blank)
+            if bool(within.any()):
+                raise ValueError(f"targets: the blank {blank} appears within a target length")
         self.targets, self.blank = targets, blank
         every = lambda size: torch.full((B,), size, dtype=torch.long, device=log_probs.device)  # noqa: E731
         self.input_lengths = every(T) if input_lengths is None else input_lengths
         self.target_lengths = every(S) if target_lengths is None else target_lengths
+        labels = targets if inside is None else targets.where(inside, blank)  # the blank past each target length
         ext = torch.full((B, 2 * S + 1), blank, dtype=torch.long, device=targets.device)
-        ext[:, 1::2] = targets.where(inside, blank)
+        ext[:, 1::2] = labels
         self.ext = ext
+        # skip[s]: 0 where position s may be reached from s - 2, a label different from the one before it
         skip = torch.full(ext.shape, -math.inf, dtype=log_probs.dtype, device=log_probs.device)
-        skip[:, 2:] = skip.new_zeros(()).where(ext[:, 2:] != ext[:, :-2], -math.inf)
+        skip[:, 3::2].masked_fill_(labels[:, 1:] != labels[:, :-1], 0.0)
         lengths = {"n": self.input_lengths, "m": 2 * self.target_lengths + 1}  # the goal's largest m is 2S + 2
         super().__init__(log_probs, lengths, {"skip": skip, "ext": ext})
 

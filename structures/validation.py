@@ -98,18 +98,20 @@ def _parse_shape(spec: str) -> tuple[int, tuple[tuple[int, int], ...]]:
     return len(symbols), tuple((i, symbols.index(s)) for i, s in enumerate(symbols) if symbols.index(s) != i)
 
 
-def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int) -> None:
+def check_integers(name: str, x: Tensor, shape: Sequence[int], lo: int, hi: int) -> tuple[int, int] | None:
     """Raise ``ValueError`` unless ``x`` is an integer tensor of ``shape`` with values (while
-    :func:`validating`) in ``lo..hi``."""
+    :func:`validating`) in ``lo..hi``; returns the values' ``(least, largest)`` where they were read
+    (else None: not validating, or no values)."""
     if not isinstance(x, Tensor) or x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
         raise ValueError(f"{name}: expected an integer tensor of shape {list(shape)}, got {getattr(x, 'dtype', type(x).__name__)}")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(x.shape)}")
     if not validating() or x.numel() == 0:
-        return
+        return None
     low, top = torch.stack(torch.aminmax(x)).tolist()  # one pass, one read
     if low < lo or top > hi:
         raise ValueError(f"{name}: expected values in {lo}..{hi}, got {x[(x < lo) | (x > hi)].tolist()}")
+    return low, top
 
 
 def prefix_mask(lengths: Tensor, size: int) -> Tensor:
