@@ -50,10 +50,12 @@ class HMM(EmissionCRF):
                              f"{list(getattr(words, 'shape', []))}")
         V = emission.shape[1]
         super().__init__(emission.t()[words.clamp(0, V - 1)], transitions, start, None, lengths, mask=mask)
-        self.words = torch.where(self._inside(), words, 0)
+        self.words = words if self._lengths is None else torch.where(self._inside(), words, 0)  # (None: every word inside)
         self._vocabulary = V
-        if validating() and bool(((self.words < 0) | (self.words >= V)).any()):
-            raise ValueError(f"words: expected ids in 0..{V - 1} (the columns of emission [C, V]) within each length")
+        if validating() and self.words.numel():
+            low, top = torch.stack(torch.aminmax(self.words)).tolist()  # one pass, one read
+            if low < 0 or top >= V:
+                raise ValueError(f"words: expected ids in 0..{V - 1} (the columns of emission [C, V]) within each length")
 
     def _inside(self) -> Tensor:
         """``[B, N]`` bool: the positions within each length."""

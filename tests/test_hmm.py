@@ -185,6 +185,8 @@ def test_padding_and_batch_size_change_nothing():
 @pytest.mark.parametrize("argument, kwargs", [
     ("words", dict(words=torch.zeros(2, 4))),
     ("words", dict(words=torch.full((2, 4), 6))),
+    ("words", dict(words=torch.full((2, 4), -1))),
+    ("words", dict(words=torch.tensor([[0, 0, 0, 9], [0, 0, 0, 0]]), lengths=torch.tensor([4, 2]))),
     ("transitions", dict(transitions=torch.zeros(3, 4))),
     ("start", dict(start=torch.zeros(2))),
 ])
