@@ -26,7 +26,7 @@ import semiring as sr
 
 from .base import leaf, recording
 from .emission import EmissionCRF
-from .validation import check_shape, prefix_mask, validating
+from .validation import check_integers, check_shape, prefix_mask
 
 
 class HMM(EmissionCRF):
@@ -52,10 +52,7 @@ class HMM(EmissionCRF):
         super().__init__(emission.t()[words.clamp(0, V - 1)], transitions, start, None, lengths, mask=mask)
         self.words = words if self._lengths is None else torch.where(self._inside(), words, 0)  # (None: every word inside)
         self._vocabulary = V
-        if validating() and self.words.numel():
-            low, top = torch.stack(torch.aminmax(self.words)).tolist()  # one pass, one read
-            if low < 0 or top >= V:
-                raise ValueError(f"words: expected ids in 0..{V - 1} (the columns of emission [C, V]) within each length")
+        check_integers("words", self.words, words.shape, 0, V - 1)  # (ids of emission's columns, within each length)
 
     def _inside(self) -> Tensor:
         """``[B, N]`` bool: the positions within each length."""
