@@ -12,7 +12,7 @@ before the call. A last table captures each call once as a CUDA graph (``torch.c
 inputs fixed, ``validate_args`` off: the checks read values on the host) and times its replays: what a training loop gets that captures the call (or uses
 ``torch.cuda.make_graphed_callables``), where the launches, not the kernels, take the time.
 Each row also runs our implementation with the Triton kernels off ("ours, torch calls": the
-launch-bound path they replace, semiring.language.triton_levels), and counts the GPU kernels one call
+launch-bound path they replace, semiring.language.triton_levels and structures.spanning._certified_triton), and counts the GPU kernels one call
 of each of ours launches (torch.profiler). Prints markdown tables; ``--out`` writes them to a file as well.
 """
 
@@ -31,7 +31,7 @@ from benchmarks import attention, chain, constituency, ctc, nonprojective, pcfg,
 from benchmarks.common import fmt_bytes, machine_info, markdown_table, seed_all, time_round_robin
 from semiring.language import triton_levels
 from structures import NonProjectiveDependencyCRF
-from structures.spanning import _tree_partition
+from structures.spanning import _certified_triton, _tree_partition
 
 Impls = dict[str, Callable[[], object]]
 
@@ -128,7 +128,7 @@ def graphed(fn: Callable[[], object]) -> Callable[[], object] | None:
 
 def _torch_calls(fn: Callable[[], object]) -> Callable[[], object]:
     def call():
-        with triton_levels.disabled():
+        with triton_levels.disabled(), _certified_triton.enabled.to(False):
             return fn()
     return call
 

@@ -17,7 +17,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_DE
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' | tee -a "$OUT/gpu.txt"
 timeout 130 python3 -m pytest -q -p no:cacheprovider --maxfail 10 --timeout 60 -m "cuda or triton" \
-    -k "not compile_for_an_h100_without_one" tests/test_cuda.py tests/test_triton.py tests/test_triton_scan.py \
+    -k "not compile_for_an_h100_without_one" tests/test_cuda.py tests/test_triton.py tests/test_triton_scan.py tests/test_certified_triton.py \
     tests/test_language.py tests/test_mask.py 2>&1 | tee "$OUT/pytest.log"
 timeout "${PROFILE_S:-150}" python3 -m benchmarks.gpu_profile --out "$OUT/profile.md" >/dev/null 2>"$OUT/profile.err"
 timeout "${BENCH_S:-270}" python3 -m benchmarks.gpu --repeat "${REPEAT:-9}" --out "$OUT/gpu.md" 2>&1 | tee "$OUT/bench.log"

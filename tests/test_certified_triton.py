@@ -1,0 +1,90 @@
+"""The certified fast path's Triton kernel (:mod:`structures.spanning._certified_triton`: multi-root
+marginals of the non-projective CRF on a GPU, one launch) answers what the torch and LAPACK path
+answers: the same certificate per example, the same log Z and marginals to rounding where it
+certifies, and through the device path the same as the default path everywhere.
+
+Marked ``triton``; without a CUDA device the kernel runs in Triton's interpreter on CPU tensors
+(``TRITON_INTERPRET=1``, which conftest.py sets before torch imports Triton)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from structures.spanning import _certified as cert
+from structures.spanning import _certified_triton as kernel
+from structures.spanning import _tree_partition as partition
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+pytestmark = [pytest.mark.triton,
+              pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed"),
+              pytest.mark.filterwarnings("ignore::RuntimeWarning"),  # (the interpreter's numpy: log(0))
+              pytest.mark.skipif(not CUDA and os.environ.get("TRITON_INTERPRET") != "1", reason="no CUDA and no interpreter"),
+              pytest.mark.skipif(CUDA and os.environ.get("TRITON_INTERPRET") == "1",
+                                 reason="TRITON_INTERPRET=1 beside a GPU: the interpreter cannot read device buffers")]
+
+
+def scores(n: int, scale: float, seed: int, forbid: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(θ [5, n+1, n+1], lengths [5])``; with ``forbid``: -inf arcs, and a word without a head."""
+    g = torch.Generator().manual_seed(seed)
+    theta = torch.randn(5, n + 1, n + 1, generator=g, dtype=torch.float64) * scale
+    if forbid:
+        theta[0] = theta[0].masked_fill(torch.rand(n + 1, n + 1, generator=g) < 0.4, -math.inf)
+        theta[1, :, n] = -math.inf
+    return theta.to(DEVICE), torch.tensor([n, n, max(1, n - 1), max(1, n // 2), 1], device=DEVICE)
+
+
+@pytest.fixture(autouse=True)
+def interpreted():
+    with kernel.interpreting.to(not CUDA):
+        yield
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 12, 17])
+@pytest.mark.parametrize("scale", [1.0, 4.0, 40.0])
+@pytest.mark.parametrize("forbid", [False, True], ids=["finite", "forbidden"])
+def test_the_kernel_certifies_and_answers_as_lapack(n, scale, forbid):
+    theta, lengths = scores(n, scale, n + int(scale), forbid)
+    valid, real = partition.masks(n, lengths, theta.device)
+    W = partition._shifted(theta, valid)[0].exp_()
+    assert kernel.applies(W, single_root=False)
+    z, mu, ok = kernel.marginals(W.clone(), real)
+    z0, mu0, ok0 = cert.marginals(W.clone(), real, False)
+    assert torch.equal(ok, ok0)
+    assert_close(z[ok], z0[ok], rtol=1e-13, atol=1e-13)
+    assert_close(mu[ok], mu0[ok], rtol=0, atol=1e-13)
+    if scale == 1.0 and not forbid:
+        assert ok.all()
+
+
+@pytest.mark.parametrize("scale", [1.0, 40.0, 1000.0])
+def test_the_device_path_through_the_kernel_equals_the_default_path(scale):
+    """Certified, exact linear and log-space examples alike (the kernel's uncertified ones move on)."""
+    theta, lengths = scores(9, scale, 3, forbid=True)
+    for n in (None, lengths):
+        z, mu = partition.log_partition_and_marginals(theta, n, False, device_path=True)
+        with kernel.enabled.to(False):
+            z0, mu0 = partition.log_partition_and_marginals(theta, n, False, device_path=True)
+        assert_close(z, z0, rtol=1e-12, atol=1e-9)
+        assert_close(mu, mu0, rtol=0, atol=1e-9)
+
+
+def test_what_the_kernel_does_not_take():
+    W = torch.rand(2, 6, 6, dtype=torch.float64, device=DEVICE)
+    assert kernel.applies(W, single_root=False)
+    assert not kernel.applies(W, single_root=True)
+    assert not kernel.applies(W.float(), single_root=False)
+    assert not kernel.applies(torch.rand(1, kernel.MAX_WORDS + 2, kernel.MAX_WORDS + 2, dtype=torch.float64,
+                                         device=DEVICE), single_root=False)
+    with kernel.enabled.to(False):
+        assert not kernel.applies(W, single_root=False)
+    if not CUDA:
+        with kernel.interpreting.to(False):
+            assert not kernel.applies(W, single_root=False)
