@@ -1,5 +1,5 @@
-"""The certified fast path's Triton kernel (:mod:`structures.spanning._certified_triton`: multi-root
-marginals of the non-projective CRF on a GPU, one launch) answers what the torch and LAPACK path
+"""The certified fast path's Triton kernel (:mod:`structures.spanning._certified_triton`: the
+marginals of the non-projective CRF on a GPU, multi-root and single root, one launch) answers what the torch and LAPACK path
 answers: the same certificate per example, the same log Z and marginals to rounding where it
 certifies, and through the device path the same as the default path everywhere.
 
@@ -41,22 +41,26 @@ def scores(n: int, scale: float, seed: int, forbid: bool = False) -> tuple[torch
     return theta.to(DEVICE), torch.tensor([n, n, max(1, n - 1), max(1, n // 2), 1], device=DEVICE)
 
 
+ROOTS = pytest.mark.parametrize("single_root", [False, True], ids=["multi", "single"])
+
+
 @pytest.fixture(autouse=True)
 def interpreted():
     with kernel.interpreting.to(not CUDA):
         yield
 
 
+@ROOTS
 @pytest.mark.parametrize("n", [1, 2, 5, 12, 17])
 @pytest.mark.parametrize("scale", [1.0, 4.0, 40.0])
 @pytest.mark.parametrize("forbid", [False, True], ids=["finite", "forbidden"])
-def test_the_kernel_certifies_and_answers_as_lapack(n, scale, forbid):
-    theta, lengths = scores(n, scale, n + int(scale), forbid)
+def test_the_kernel_certifies_and_answers_as_lapack(single_root, n, scale, forbid):
+    theta, lengths = scores(n, scale, n + int(scale) + single_root, forbid)
     valid, real = partition.masks(n, lengths, theta.device)
     W = partition._shifted(theta, valid)[0].exp_()
-    assert kernel.applies(W, single_root=False)
-    z, mu, ok = kernel.marginals(W.clone(), real)
-    z0, mu0, ok0 = cert.marginals(W.clone(), real, False)
+    assert kernel.applies(W)
+    z, mu, ok = kernel.marginals(W.clone(), real, single_root)
+    z0, mu0, ok0 = cert.marginals(W.clone(), real, single_root)
     assert torch.equal(ok, ok0)
     assert_close(z[ok], z0[ok], rtol=1e-13, atol=1e-13)
     assert_close(mu[ok], mu0[ok], rtol=0, atol=1e-13)
@@ -64,27 +68,26 @@ def test_the_kernel_certifies_and_answers_as_lapack(n, scale, forbid):
         assert ok.all()
 
 
+@ROOTS
 @pytest.mark.parametrize("scale", [1.0, 40.0, 1000.0])
-def test_the_device_path_through_the_kernel_equals_the_default_path(scale):
+def test_the_device_path_through_the_kernel_equals_the_default_path(single_root, scale):
     """Certified, exact linear and log-space examples alike (the kernel's uncertified ones move on)."""
     theta, lengths = scores(9, scale, 3, forbid=True)
     for n in (None, lengths):
-        z, mu = partition.log_partition_and_marginals(theta, n, False, device_path=True)
+        z, mu = partition.log_partition_and_marginals(theta, n, single_root, device_path=True)
         with kernel.enabled.to(False):
-            z0, mu0 = partition.log_partition_and_marginals(theta, n, False, device_path=True)
+            z0, mu0 = partition.log_partition_and_marginals(theta, n, single_root, device_path=True)
         assert_close(z, z0, rtol=1e-12, atol=1e-9)
         assert_close(mu, mu0, rtol=0, atol=1e-9)
 
 
 def test_what_the_kernel_does_not_take():
     W = torch.rand(2, 6, 6, dtype=torch.float64, device=DEVICE)
-    assert kernel.applies(W, single_root=False)
-    assert not kernel.applies(W, single_root=True)
-    assert not kernel.applies(W.float(), single_root=False)
-    assert not kernel.applies(torch.rand(1, kernel.MAX_WORDS + 2, kernel.MAX_WORDS + 2, dtype=torch.float64,
-                                         device=DEVICE), single_root=False)
+    assert kernel.applies(W)
+    assert not kernel.applies(W.float())
+    assert not kernel.applies(torch.rand(1, kernel.MAX_WORDS + 2, kernel.MAX_WORDS + 2, dtype=torch.float64, device=DEVICE))
     with kernel.enabled.to(False):
-        assert not kernel.applies(W, single_root=False)
+        assert not kernel.applies(W)
     if not CUDA:
         with kernel.interpreting.to(False):
-            assert not kernel.applies(W, single_root=False)
+            assert not kernel.applies(W)
