@@ -23,14 +23,15 @@ def _entry(tile, i, j, rows, cols):
 
 
 @triton.jit(do_not_specialize=["n"])
-def certified(w_ptr, real_ptr, logz_ptr, ok_ptr, n, SINGLE_ROOT: tl.constexpr, TOL: tl.constexpr,
-              UNIT: tl.constexpr, BLOCK: tl.constexpr):
+def certified(w_ptr, real_ptr, logz_ptr, ok_ptr, n, SINGLE_ROOT: tl.constexpr, MARGINALS: tl.constexpr,
+              TOL: tl.constexpr, UNIT: tl.constexpr, BLOCK: tl.constexpr):
     """Example ``program_id(0)``: reads its weights ``W [n+1, n+1]`` (row 0 the root; float64, column
     shifted, 0 where no arc) and ``real [n]`` (int8), writes ``log Z`` (less the shifts) to
     ``logz_ptr``, the marginals in W's place and whether the bound certifies them within ``TOL`` to
     ``ok_ptr`` (``UNIT``: the unit roundoff of float64). The formulas and bounds are those of
     :func:`._certified.marginals`, multi-root or (``SINGLE_ROOT``) rooted at the most popular head
-    ``c0`` with a rank-one correction."""
+    ``c0`` with a rank-one correction. Without ``MARGINALS``, log Z alone: certified by its own bound,
+    no marginals written."""
     b = tl.program_id(0)
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, BLOCK)
@@ -123,9 +124,10 @@ def certified(w_ptr, real_ptr, logz_ptr, ok_ptr, n, SINGLE_ROOT: tl.constexpr, T
         # μ_hm = W_hm (X_mm - X_mh), the root's r_m X_mm
         mu = w * (x_diag[None, :] - tl.trans(x))
         mu_root = root * x_diag
-    err_mu = tl.max(tl.where(in_c & real, err_mu, 0.0), axis=0)
-    ok = (logz == logz) & (tl.abs(logz) < float("inf")) & (err_z <= tol) & (err_mu <= tol)
-    tl.store(base + (1 + rows[:, None]) * n1 + 1 + cols[None, :], tl.maximum(mu, 0.0), mask=inside)
-    tl.store(base + 1 + cols, mu_root, mask=in_c)
+    ok = (logz == logz) & (tl.abs(logz) < float("inf")) & (err_z <= tol)
+    if MARGINALS:
+        ok = ok & (tl.max(tl.where(in_c & real, err_mu, 0.0), axis=0) <= tol)
+        tl.store(base + (1 + rows[:, None]) * n1 + 1 + cols[None, :], tl.maximum(mu, 0.0), mask=inside)
+        tl.store(base + 1 + cols, mu_root, mask=in_c)
     tl.store(logz_ptr + b, logz)
     tl.store(ok_ptr + b, ok.to(tl.int8))

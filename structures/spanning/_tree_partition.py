@@ -18,8 +18,8 @@ the same constant (every word has exactly one head), so the arc weights ``W = ex
    backward error ``|E| <= γ |L||U|``; the bound propagates it through ``X`` with the column sums
    of ``|L||U|`` and the row maxima and absorption times of ``X``. On the CPU, where the optional
    extension is built, the whole batch is one C call (``_matrix_tree_c.c``: the same factorization
-   and bound, each example at its own length); on a GPU, the marginals of sentences up to 128 words
-   are one Triton launch (:mod:`structures.spanning._certified_triton`: the same
+   and bound, each example at its own length); on a GPU, the whole path for sentences up to 128 words
+   is one Triton launch (:mod:`structures.spanning._certified_triton`: the same
    factorization and bound, in registers); elsewhere torch and LAPACK
    (:mod:`structures.spanning._certified`). ``log Z`` alone (``log_partition`` of potentials that do not
    require grad; otherwise the backward will want the marginals, computed with it) needs no
@@ -303,18 +303,17 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
 def _fast(x: Tensor, single_root: bool, marginals: bool,
           masks_: tuple[Tensor | None, Tensor | None]) -> tuple[Tensor, Tensor | None, Tensor]:
     """``(log Z [B], μ or None, ok [B])`` of every example by the certified fast path in torch
-    (:mod:`structures.spanning._certified`; the marginals on a GPU in one Triton launch,
+    (:mod:`structures.spanning._certified`; on a GPU one Triton launch,
     :mod:`structures.spanning._certified_triton`), ``ok`` where it is certified; ``masks_``: :func:`_masks`."""
     B, N1, _ = x.shape
     N = N1 - 1
     valid, real = masks_
-    if marginals:
+    if _certified_triton.applies(x):
         logW, c = _shifted(x, valid)
-        W = logW.exp_()
-        if _certified_triton.applies(W):
-            z, mu, ok = _certified_triton.marginals(W, _real(real, B, N, x.device), single_root)
-        else:
-            z, mu, ok = cert.marginals(W, _real(real, B, N, x.device), single_root)
+        z, mu, ok = _certified_triton.certified(logW.exp_(), _real(real, B, N, x.device), single_root, marginals)
+    elif marginals:
+        logW, c = _shifted(x, valid)
+        z, mu, ok = cert.marginals(logW.exp_(), _real(real, B, N, x.device), single_root)
     else:
         Wt, root, c = _word_weights(x, valid)
         (z, ok), mu = cert.log_partition(Wt, root, real, single_root), None
