@@ -83,6 +83,7 @@ def certified(w_ptr, real_ptr, logz_ptr, ok_ptr, n, SINGLE_ROOT: tl.constexpr, M
         x = tl.where(rows[:, None] == k, xk[None, :], x) - uk[:, None] * xk[None, :]
         vk = tl.sum(tl.where(rows == k, v, 0.0), axis=0) / ukk
         v = tl.where(rows == k, vk, v) - uk * vk
+    w = tl.load(base + (1 + rows[:, None]) * n1 + 1 + cols[None, :], mask=inside, other=0.0)  # again: not live in the loops
     u_diag = tl.sum(tl.where(diag, a, 0.0), axis=0)  # [j]
     logdet = tl.sum(tl.where(in_c, tl.log(u_diag), 0.0), axis=0)
     # φ_j = 2 Σ_k |U_kj| = 4 U_jj - 2 Σ_{k <= j} U_kj; rowmax_m = X_mm; τ'_h = Σ_j φ_j X_jh
