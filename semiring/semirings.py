@@ -322,7 +322,7 @@ class _MaxScan(torch.autograd.Function):
             alphas, _ = triton_scan.forward(init, xs, unary, is_max=True)
             ctx.save_for_backward(init, xs, unary, alphas)
             return alphas
-        ctx.cpu = cpu_scan.applies(init, xs, unary)
+        ctx.cpu = cpu_scan.applies(init, xs, unary, log=False)
         if ctx.cpu:
             alphas, _, _ = cpu_scan.forward(init, xs, unary, is_max=True, keep=False)
             ctx.save_for_backward(init, xs, unary, alphas)

@@ -161,6 +161,26 @@ def test_a_log_scan_keeps_its_weights_only_within_the_budget(monkeypatch):
     assert_close(alphas.detach(), value)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_log_scan_of_one_matrix_is_the_c_scans_only_within_its_terms_and_the_max_scan_always(dtype, monkeypatch):
+    """Beyond ``SHARED_TERMS`` the torch scan's matrix products take it (``B K`` exps a step, not
+    ``B K^2``), with the same values; per-step matrices and the Max scan stay the C scan's."""
+    init, xs, u = scan_inputs("one matrix for every step and example", True, dtype, B=4, T=10, K=8)
+    monkeypatch.setitem(cpu_scan.SHARED_TERMS, dtype, 4 * 8 * 8 - 1)  # one term fewer than a step's
+    calls = Calls(monkeypatch)
+    value = sr.Log.scan(init, xs, u)
+    assert (calls.forward, calls.backward) == (0, 0)
+    best = sr.Max.scan(init, xs, u)
+    assert calls.forward == 1
+    per_step = xs.expand(4, 10, 8, 8).contiguous()
+    sr.Log.scan(init, per_step, u)
+    assert calls.forward == 2
+    monkeypatch.setitem(cpu_scan.SHARED_TERMS, dtype, 4 * 8 * 8)
+    assert_close(sr.Log.scan(init, xs, u), value)
+    assert calls.forward == 3
+    assert_close(best, sr.Max.scan(init, xs, u))
+
+
 def log_scan_by_definition(init, xs, u):
     """``alpha_t[c] = logsumexp_y(alpha_{t-1}[y] + xs_t[y, c]) + u_t[c]`` in plain torch calls (which
     forward mode differentiates): ``[B, T, K]``."""

@@ -323,7 +323,7 @@ class Run:
             return None
         init, xs, unary, shape = self.scan_views(scan, buf)
         is_max = type(self.semiring) is MaxSemiring
-        if self.native is kernel and cpu_scan.applies(init, xs, unary, keep=keep and not is_max):
+        if self.native is kernel and cpu_scan.applies(init, xs, unary, keep=keep and not is_max, log=not is_max):
             reads_init = is_max  # (the C Log backward reads only the kept weights)
         elif self.native is triton_levels and triton_scan.applies(init, xs, unary):
             reads_init = True
