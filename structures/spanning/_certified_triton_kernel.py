@@ -5,9 +5,9 @@ module imports Triton).
 The example's matrix lives in registers as a ``[BLOCK, BLOCK]`` tile (``BLOCK``: n rounded up to a
 power of two; the rows and columns past n are the identity's and take no part in the sums). LU
 without row exchanges, then the inverse by a forward and a back substitution of the identity's
-columns (and, single root, of the arcs into ``c0``), each a loop of rank-one updates over the tile: the operations LAPACK does, in another
-order of the sums, so the a-posteriori bound of :mod:`._certified` (Higham, Thm. 9.3 and 8.5: any
-order) certifies them alike.
+columns (and, single root, of the arcs into ``c0``), each a loop of rank-one updates over the tile:
+the operations LAPACK does, in another order of the sums, so the a-posteriori bound of
+:mod:`._certified` (Higham, Thm. 9.3 and 8.5: any order) certifies them alike.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def certified(w_ptr, real_ptr, logz_ptr, ok_ptr, n, SINGLE_ROOT: tl.constexpr, M
     ``logz_ptr``, the marginals in W's place and whether the bound certifies them within ``TOL`` to
     ``ok_ptr`` (``UNIT``: the unit roundoff of float64). The formulas and bounds are those of
     :func:`._certified.marginals`, multi-root or (``SINGLE_ROOT``) rooted at the most popular head
-    ``c0`` with a rank-one correction. Without ``MARGINALS``, log Z alone: certified by its own bound,
-    no marginals written."""
+    ``c0`` with a rank-one correction. Without ``MARGINALS``, log Z alone: certified by the bound on
+    log Z only, no marginals written."""
     b = tl.program_id(0)
     rows = tl.arange(0, BLOCK)
     cols = tl.arange(0, BLOCK)
