@@ -31,8 +31,8 @@ SHARED_TERMS = {torch.float32: 40_000, torch.float64: 12_000}
 this kernel's only up to this many terms a step (``B K^2``): it takes an exp of each, where the torch
 scan multiplies ``exp(state)`` by ``exp(matrix)`` once computed (a matrix product, ``B K`` exps a
 step), which wins beyond (EmissionCRF marginals, one thread, Intel Xeon, 2026-11-28: the C scan
-1.1-1.5x faster at 16-33 thousand terms in float32 and 9 thousand in float64, 0.67-0.78x at 49-51
-thousand and 17 thousand, 0.07-0.14x at an HMM's 92 thousand and more)."""
+1.1-1.5x faster at 16-33 thousand terms in float32 and 9 thousand in float64, 0.67-0.78x at 49-65
+thousand and 16 thousand, 0.07-0.14x at half a million and more: an HMM's batch of 256)."""
 _UNARY, _KEEP, _SHARED_GRAD = 1, 2, 4  # _scan.c's flags
 
 

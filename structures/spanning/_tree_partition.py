@@ -308,12 +308,12 @@ def _fast(x: Tensor, single_root: bool, marginals: bool,
     B, N1, _ = x.shape
     N = N1 - 1
     valid, real = masks_
-    if _certified_triton.applies(x):
+    in_kernel = _certified_triton.applies(x)
+    if in_kernel or marginals:
         logW, c = _shifted(x, valid)
-        z, mu, ok = _certified_triton.certified(logW.exp_(), _real(real, B, N, x.device), single_root, marginals)
-    elif marginals:
-        logW, c = _shifted(x, valid)
-        z, mu, ok = cert.marginals(logW.exp_(), _real(real, B, N, x.device), single_root)
+        W, real = logW.exp_(), _real(real, B, N, x.device)
+        z, mu, ok = (_certified_triton.certified(W, real, single_root, marginals) if in_kernel
+                     else cert.marginals(W, real, single_root))
     else:
         Wt, root, c = _word_weights(x, valid)
         (z, ok), mu = cert.log_partition(Wt, root, real, single_root), None
