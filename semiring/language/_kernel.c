@@ -18,7 +18,8 @@
  * Three ways through a step (path()): without K, a row of items at a time along the last L
  * coordinate; with K over rows of at least 4 items, a row at a time too, the vector lanes being
  * items (the terms of the row's instances in a [K, row] scratch, max and Σ exp down its columns);
- * else item by item, the lanes being its K instances. The exp and the log1p of logaddexp are
+ * else item by item, the lanes being its K instances. A backward pass takes consecutive steps of the
+ * first way that write one line of a buffer (an alignment's anti-diagonal) together (grouped()). The exp and the log1p of logaddexp are
  * vector polynomials, exact to half an ulp (tests/test_kernel.py checks both against torch).
  *
  * Descriptor of a level (int64, semiring/language/pack.py): the number of steps, then per step
@@ -189,6 +190,54 @@ static int64_t need(const Step *s, int mode) {
     default: return 2 * (s->K + 8);
     }
 }
+
+/* A group, in a backward pass: consecutive steps of a level, Log, each a row of items without K (path
+ * 1) along its one item coordinate, with one head, all in one buffer at one stride along that
+ * coordinate, each sharing its items with another rule. Their items are runs of one line of the
+ * head buffer (an anti-diagonal of an alignment's chart, a frame of CTC's), so each item's gradient
+ * and value are read once for the group, where step by step each rule read both at the buffer's
+ * stride: the same numbers, but for the order in which several examples' gradients add into an
+ * input the batch shares (7-8% of an alignment's marginals, B = 16, n = m = 64; the forward's
+ * writes, grouped the same way, gained nothing: its cost is the ⊕'s arithmetic). */
+#define GROUP_MAX 8
+
+static int groupable(const Step *s, int mode) {
+    return mode == RUN_LOG && path(s, mode) == 1 && s->nL == 1 && s->H == 1 && s->shared && s->heads[2] != 0;
+}
+
+/* the group that starts at p (of at most `left` steps): its steps in g[0..n) (n = 1: no group, g[0]
+ * the step), *after the position past them, and the union of their items, [*lo, *lo + *width) in
+ * head strides from the first step's head (0 where n = 1); NULL *after where a step is malformed */
+static int64_t grouped(const int64_t *p, const int64_t *end, int64_t left, int mode, Step *g, int64_t *lo,
+                       int64_t *width, const int64_t **after) {
+    int64_t n = 1;
+    *after = parse(p, end, g);
+    *lo = *width = 0;
+    if (!*after || !groupable(g, mode)) return 1;
+    const int64_t stride = g[0].heads[2];
+    while (n < left && n < GROUP_MAX) {
+        const int64_t *q = parse(*after, end, g + n);
+        const Step *u = g + n;
+        if (!q || !check(u) || !groupable(u, mode) || u->heads[0] != g[0].heads[0] || u->heads[2] != stride
+            || (u->heads[1] - g[0].heads[1]) % stride != 0)
+            break;
+        *after = q;
+        n++;
+    }
+    if (n == 1) return 1;
+    int64_t hi = g[0].sizes[0];
+    for (int64_t k = 1; k < n; k++) {
+        const int64_t at = (g[k].heads[1] - g[0].heads[1]) / stride;
+        *lo = at < *lo ? at : *lo;
+        hi = at + g[k].sizes[0] > hi ? at + g[k].sizes[0] : hi;
+    }
+    *width = hi - *lo;
+    return n;
+}
+
+/* the scratch numbers a group of this width needs: a step's terms, the items' gradients and values,
+ * rows of PITCH(width), and a vector's padding */
+static int64_t group_need(int64_t width) { return 3 * PITCH(width) + 16; }
 
 /* log(1 + e) for e in [0, 1] (logaddexp's correction): 2 atanh(u), u = e / (2 + e) in [0, 1/3], by
  * its odd series (8 terms for float, 17 for double: below half an ulp), relative to e as e -> 0 */
@@ -564,6 +613,58 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
 }
 /* a level's steps over examples [b0, b1), compiled for one instruction set (ISA: a name suffix, TARGET its attribute) */
 #define STEPS(T, V, VI, SUFFIX, LOWEST, ISA, TARGET)                                                        \
+/* a group's backward (grouped()): each item's gradient and value read once into rows, then each step's  \
+ * weights exp(term - item) times the gradient added into its reads' gradients, as backward_rows does */  \
+TARGET static void backward_group_##SUFFIX##ISA(const Step *g, int64_t n, int64_t lo, int64_t width, int64_t b0, \
+                                                int64_t b1, const int64_t *table, const int64_t *gtable, T *t, \
+                                                T **src, T **dst, T **gsrc, T **gdst, int64_t *rbase,       \
+                                                int64_t *hbase) {                                           \
+    int64_t coords[MAXDIM];                                                                                 \
+    const int64_t hs = g[0].heads[2], pitch = PITCH(width), head = g[0].heads[0];                          \
+    T *restrict gr = t + pitch, *restrict item = gr + pitch;                                                \
+    memset(coords, 0, sizeof coords);                                                                       \
+    for (int64_t b = b0; b < b1; b++) {                                                                     \
+        const int64_t at0 = g[0].heads[1] + lo * hs;                                                        \
+        const T *y = (T *)(intptr_t)table[2 * head] + b * table[2 * head + 1] + at0;                        \
+        const T *gy = (T *)(intptr_t)gtable[2 * head] + b * gtable[2 * head + 1] + at0;                     \
+        int any = 0;                                                                                        \
+        for (int64_t i = 0; i < width; i++) {                                                              \
+            gr[i] = gy[i * hs];                                                                             \
+            any |= gr[i] != 0;                                                                              \
+        }                                                                                                   \
+        if (!any) continue;                                                                                 \
+        for (int64_t i = 0; i < width; i++) {                                                              \
+            T it = y[i * hs];                                                                               \
+            item[i] = it < LOWEST ? LOWEST : it > -LOWEST ? -LOWEST : it;                                   \
+        }                                                                                                   \
+        for (int64_t k = 0; k < n; k++) {                                                                   \
+            const Step *s = g + k;                                                                          \
+            const int64_t inner = s->sizes[0], at = (s->heads[1] - g[0].heads[1]) / hs - lo;               \
+            if (!inner) continue;                                                                           \
+            const T *restrict gk = gr + at, *restrict ik = item + at;                                      \
+            place_##SUFFIX(s, table, b, src, dst);                                                          \
+            place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                       \
+            item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
+            row_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, t);                                  \
+            for (int64_t i = 0; i < inner; i++) t[i] -= ik[i];                                             \
+            int64_t i = inner;                                                                              \
+            for (; i % LANES_##SUFFIX; i++) t[i] = -INFINITY;                                              \
+            for (i = 0; i < inner; i += LANES_##SUFFIX) store_##SUFFIX(t + i, exp_##SUFFIX(load_##SUFFIX(t + i))); \
+            for (i = 0; i < inner; i++) t[i] = gk[i] == 0 ? 0 : t[i] * gk[i];                              \
+            for (int64_t r = 0; r < s->R; r++) {                                                           \
+                if (indexed(s, s->rd[r])) {                                                                 \
+                    EACH_LOCATED(s->rd[r], coords, 0, inner, gsrc[r][pos[j]] += t[c + j]);                  \
+                    continue;                                                                               \
+                }                                                                                           \
+                T *restrict gx = gsrc[r] + rbase[r];                                                        \
+                const int64_t st = s->rd[r][2];                                                             \
+                if (st == 1) for (i = 0; i < inner; i++) gx[i] += t[i];                                     \
+                else for (i = 0; i < inner; i++) gx[i * st] += t[i];                                        \
+            }                                                                                               \
+        }                                                                                                   \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
 TARGET static void forward_step_##SUFFIX##ISA(const Step *s, int64_t b0, int64_t b1, const int64_t *table, T *t,      \
                                                 T **src, T **dst, int64_t *rbase, int64_t *hbase) {         \
     int64_t coords[MAXDIM];                                                                                 \
@@ -958,9 +1059,15 @@ static int scan_level(const int64_t *p, Py_ssize_t len, int mode, const int64_t 
     lv->room = 16; lv->maxRH = 1; lv->work = 0; lv->shared_writes = 0;
     for (int64_t i = 0; i < lv->count; i++) {
         Step s;
+        const int64_t *start = p;
         p = parse(p, end, &s);
         if (!p || p > end || !check(&s)) return 0;
         if (need(&s, mode) > lv->room) lv->room = need(&s, mode);
+        Step g[GROUP_MAX];
+        int64_t lo, width;
+        const int64_t *after;
+        if (gtable && grouped(start, end, lv->count - i, mode, g, &lo, &width, &after) > 1 && group_need(width) > lv->room)
+            lv->room = group_need(width);
         if (s.R > lv->maxRH) lv->maxRH = s.R;
         if (s.H > lv->maxRH) lv->maxRH = s.H;
         int64_t instances = 1;
@@ -1005,7 +1112,19 @@ static void examples##ISA(const int64_t *p, const int64_t *end, const Level *lv,
     const int64_t m = lv->maxRH;                                                                                  \
     const int max = mode == RUN_MAX;                                                                              \
     for (int64_t i = 0; i < lv->count; i++) {                                                                     \
-        Step s;                                                                                                   \
+        Step s, g[GROUP_MAX];                                                                                     \
+        int64_t lo, width;                                                                                        \
+        const int64_t *after;                                                                                     \
+        const int64_t n = mode == RUN_LOG && backward ? grouped(p, end, lv->count - i, mode, g, &lo, &width, &after) : 1; \
+        if (n > 1) {                                                                                              \
+            if (is_double) backward_group_f64##ISA(g, n, lo, width, b0, b1, tab, gtab, t, (double **)ptrs,            \
+                                                   (double **)ptrs + m, (double **)ptrs + 2 * m, (double **)ptrs + 3 * m, offs, offs + m); \
+            else backward_group_f32##ISA(g, n, lo, width, b0, b1, tab, gtab, t, (float **)ptrs, (float **)ptrs + m, \
+                                         (float **)ptrs + 2 * m, (float **)ptrs + 3 * m, offs, offs + m);           \
+            p = after;                                                                                            \
+            i += n - 1;                                                                                           \
+            continue;                                                                                             \
+        }                                                                                                         \
         p = parse(p, end, &s); /* (scan_level checked every step) */                                              \
         if (mode == RUN_PAIRS && is_double) {                                                                     \
             double **q = (double **)ptrs;                                                                         \
