@@ -235,9 +235,9 @@ static int64_t grouped(const int64_t *p, const int64_t *end, int64_t left, int m
     return n;
 }
 
-/* the scratch numbers a group of this width needs: a step's terms, the items' gradients and values,
- * rows of PITCH(width), and a vector's padding */
-static int64_t group_need(int64_t width) { return 3 * PITCH(width) + 16; }
+/* the scratch numbers a group of this width needs: a step's terms and weights, the items' gradients
+ * and values, rows of PITCH(width), and a vector's padding */
+static int64_t group_need(int64_t width) { return 4 * PITCH(width) + 16; }
 
 /* log(1 + e) for e in [0, 1] (logaddexp's correction): 2 atanh(u), u = e / (2 + e) in [0, 1/3], by
  * its odd series (8 terms for float, 17 for double: below half an ulp), relative to e as e -> 0 */
@@ -474,6 +474,44 @@ static inline __attribute__((always_inline)) void forward_rows_##SUFFIX(const St
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
+/* the weights of a row of a step's items where several rules write them: g[i] <- exp(term_i - item_i) \
+ * g[i] (0 where g[i] is 0; the terms recomputed into t, padded), item_i at item[i * is], clamped to the \
+ * finite range as execute._softmax_weights does */                                                       \
+static inline __attribute__((always_inline)) void weigh_row_##SUFFIX(const Step *s, const int64_t *table, int64_t b, \
+                                                                     T *const *src, const int64_t *rbase,   \
+                                                                     int64_t *coords, int64_t inner,        \
+                                                                     const T *item, int64_t is, T *t, T *g) { \
+    row_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, t);                                          \
+    for (int64_t i = 0; i < inner; i++) {                                                                  \
+        T it = item[i * is];                                                                                \
+        it = it < LOWEST ? LOWEST : it > -LOWEST ? -LOWEST : it;                                            \
+        t[i] -= it;                                                                                         \
+    }                                                                                                       \
+    int64_t k = inner;                                                                                      \
+    for (; k % LANES_##SUFFIX; k++) t[k] = -INFINITY;                                                      \
+    for (k = 0; k < inner; k += LANES_##SUFFIX) store_##SUFFIX(t + k, exp_##SUFFIX(load_##SUFFIX(t + k)));  \
+    for (int64_t i = 0; i < inner; i++) g[i] = g[i] == 0 ? 0 : t[i] * g[i];                                \
+}                                                                                                           \
+                                                                                                            \
+/* g[0:inner], the gradients of a row of a step's instances (one per item), added into its reads'         \
+ * gradients */                                                                                             \
+static inline __attribute__((always_inline)) void add_grads_row_##SUFFIX(const Step *s, const int64_t *table, int64_t b, \
+                                                                         T *const *gsrc, const int64_t *rbase, \
+                                                                         int64_t *coords, int64_t inner,    \
+                                                                         const T *g) {                      \
+    const int64_t last = s->nL - 1;                                                                         \
+    for (int64_t r = 0; r < s->R; r++) {                                                                   \
+        if (indexed(s, s->rd[r])) {                                                                         \
+            EACH_LOCATED(s->rd[r], coords, last, inner, gsrc[r][pos[j]] += g[c + j]);                       \
+            continue;                                                                                       \
+        }                                                                                                   \
+        T *restrict gx = gsrc[r] + rbase[r];                                                                \
+        const int64_t st = s->rd[r][2 + last];                                                              \
+        if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += g[i];                                    \
+        else for (int64_t i = 0; i < inner; i++) gx[i * st] += g[i];                                       \
+    }                                                                                                       \
+}                                                                                                           \
+                                                                                                            \
 static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const Step *s, const int64_t *table, int64_t b, T *const *src,     \
                                                                          T *const *dst, T *const *gsrc,     \
                                                                          T *const *gdst, int64_t *rbase,    \
@@ -485,30 +523,9 @@ static inline __attribute__((always_inline)) void backward_rows_##SUFFIX(const S
     do {                                                                                                    \
         item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                     \
         if (!grad_row_##SUFFIX(s, gdst, hbase, inner, g)) continue;                                         \
-        if (s->shared) { /* the weights exp(term - item), where several rules write the items */           \
-            row_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, t);                                            \
-            const T *restrict y = dst[0] + hbase[0];                                                        \
-            const int64_t hs = s->heads[2 + last];                                                          \
-            for (int64_t i = 0; i < inner; i++) {                                                          \
-                T item = y[i * hs];                                                                         \
-                item = item < LOWEST ? LOWEST : item > -LOWEST ? -LOWEST : item;                            \
-                t[i] -= item;                                                                               \
-            }                                                                                               \
-            int64_t k = inner;                                                                              \
-            for (; k % LANES_##SUFFIX; k++) t[k] = -INFINITY;                                              \
-            for (k = 0; k < inner; k += LANES_##SUFFIX) store_##SUFFIX(t + k, exp_##SUFFIX(load_##SUFFIX(t + k))); \
-            for (int64_t i = 0; i < inner; i++) g[i] = g[i] == 0 ? 0 : t[i] * g[i];                       \
-        }                                                                                                   \
-        for (int64_t r = 0; r < s->R; r++) {                                                               \
-            if (indexed(s, s->rd[r])) {                                                                     \
-                EACH_LOCATED(s->rd[r], coords, last, inner, gsrc[r][pos[j]] += g[c + j]);                   \
-                continue;                                                                                   \
-            }                                                                                               \
-            T *restrict gx = gsrc[r] + rbase[r];                                                            \
-            const int64_t st = s->rd[r][2 + last];                                        \
-            if (st == 1) for (int64_t i = 0; i < inner; i++) gx[i] += g[i];                                \
-            else for (int64_t i = 0; i < inner; i++) gx[i * st] += g[i];                                   \
-        }                                                                                                   \
+        if (s->shared)                                                                                      \
+            weigh_row_##SUFFIX(s, table, b, src, rbase, coords, inner, dst[0] + hbase[0], s->heads[2 + last], t, g); \
+        add_grads_row_##SUFFIX(s, table, b, gsrc, rbase, coords, inner, g);                                 \
     } while (next(coords, s->sizes, 0, last));                                                              \
 }                                                                                                           \
                                                                                                             \
@@ -614,14 +631,14 @@ static inline __attribute__((always_inline)) void backward_rowk_##SUFFIX(const S
 /* a level's steps over examples [b0, b1), compiled for one instruction set (ISA: a name suffix, TARGET its attribute) */
 #define STEPS(T, V, VI, SUFFIX, LOWEST, ISA, TARGET)                                                        \
 /* a group's backward (grouped()): each item's gradient and value read once into rows, then each step's  \
- * weights exp(term - item) times the gradient added into its reads' gradients, as backward_rows does */  \
+ * weights and their adds as backward_rows' */                                                              \
 TARGET static void backward_group_##SUFFIX##ISA(const Step *g, int64_t n, int64_t lo, int64_t width, int64_t b0, \
                                                 int64_t b1, const int64_t *table, const int64_t *gtable, T *t, \
                                                 T **src, T **dst, T **gsrc, T **gdst, int64_t *rbase,       \
                                                 int64_t *hbase) {                                           \
     int64_t coords[MAXDIM];                                                                                 \
     const int64_t hs = g[0].heads[2], pitch = PITCH(width), head = g[0].heads[0];                          \
-    T *restrict gr = t + pitch, *restrict item = gr + pitch;                                                \
+    T *restrict w = t + pitch, *restrict gr = w + pitch, *restrict item = gr + pitch;                       \
     memset(coords, 0, sizeof coords);                                                                       \
     for (int64_t b = b0; b < b1; b++) {                                                                     \
         const int64_t at0 = g[0].heads[1] + lo * hs;                                                        \
@@ -633,34 +650,17 @@ TARGET static void backward_group_##SUFFIX##ISA(const Step *g, int64_t n, int64_
             any |= gr[i] != 0;                                                                              \
         }                                                                                                   \
         if (!any) continue;                                                                                 \
-        for (int64_t i = 0; i < width; i++) {                                                              \
-            T it = y[i * hs];                                                                               \
-            item[i] = it < LOWEST ? LOWEST : it > -LOWEST ? -LOWEST : it;                                   \
-        }                                                                                                   \
+        for (int64_t i = 0; i < width; i++) item[i] = y[i * hs];                                           \
         for (int64_t k = 0; k < n; k++) {                                                                   \
             const Step *s = g + k;                                                                          \
             const int64_t inner = s->sizes[0], at = (s->heads[1] - g[0].heads[1]) / hs - lo;               \
             if (!inner) continue;                                                                           \
-            const T *restrict gk = gr + at, *restrict ik = item + at;                                      \
             place_##SUFFIX(s, table, b, src, dst);                                                          \
             place_##SUFFIX(s, gtable, b, gsrc, gdst);                                                       \
             item_offsets_##SUFFIX(s, coords, rbase, hbase);                                                 \
-            row_terms_##SUFFIX(s, table, b, src, rbase, coords, inner, t);                                  \
-            for (int64_t i = 0; i < inner; i++) t[i] -= ik[i];                                             \
-            int64_t i = inner;                                                                              \
-            for (; i % LANES_##SUFFIX; i++) t[i] = -INFINITY;                                              \
-            for (i = 0; i < inner; i += LANES_##SUFFIX) store_##SUFFIX(t + i, exp_##SUFFIX(load_##SUFFIX(t + i))); \
-            for (i = 0; i < inner; i++) t[i] = gk[i] == 0 ? 0 : t[i] * gk[i];                              \
-            for (int64_t r = 0; r < s->R; r++) {                                                           \
-                if (indexed(s, s->rd[r])) {                                                                 \
-                    EACH_LOCATED(s->rd[r], coords, 0, inner, gsrc[r][pos[j]] += t[c + j]);                  \
-                    continue;                                                                               \
-                }                                                                                           \
-                T *restrict gx = gsrc[r] + rbase[r];                                                        \
-                const int64_t st = s->rd[r][2];                                                             \
-                if (st == 1) for (i = 0; i < inner; i++) gx[i] += t[i];                                     \
-                else for (i = 0; i < inner; i++) gx[i * st] += t[i];                                        \
-            }                                                                                               \
+            memcpy(w, gr + at, sizeof(T) * inner);                                                          \
+            weigh_row_##SUFFIX(s, table, b, src, rbase, coords, inner, item + at, 1, t, w);                 \
+            add_grads_row_##SUFFIX(s, table, b, gsrc, rbase, coords, inner, w);                             \
         }                                                                                                   \
     }                                                                                                       \
 }                                                                                                           \
