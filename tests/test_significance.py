@@ -123,10 +123,10 @@ def test_the_parses_command_compares_two_predicted_files(tmp_path, capsys):
     assert "UAS a 100.00, b 40.00" in out and "difference +0.6" in out
 
 
-def _questions(path, answers, facts=None):
+def _questions(path, answers, facts=None, model="binary"):
     rows = ["task,model,seed,question,answer_correct,fact_correct"]
     for q, a in enumerate(answers):
-        rows.append(f"{2 + q % 2},binary,0,{q // 2},{a},{(facts or answers)[q]}")
+        rows.append(f"{2 + q % 2},{model},0,{q // 2},{a},{(facts or answers)[q]}")
     path.write_text("\n".join(rows) + "\n")
     return path
 
@@ -143,6 +143,22 @@ def test_two_babi_runs_are_compared_question_by_question(tmp_path, capsys):
     assert compare_questions(right, wrong, column="fact_correct", samples=200)["all"][2].difference == 0
     main(["questions", str(right), str(wrong), "--samples", "200"])
     assert "all: a 100.0, b 0.0; a - b: difference +100" in capsys.readouterr().out
+
+
+def test_two_models_are_compared_question_by_question(tmp_path, capsys):
+    binary = _questions(tmp_path / "a.csv", [1] * 40)
+    memn2n = _questions(tmp_path / "b.csv", [1, 0] * 20, model="memn2n")
+    result = compare_questions(binary, memn2n, samples=200, models=("binary", "memn2n"))
+    assert set(result) == {"task 2 binary - memn2n", "task 3 binary - memn2n", "all"}
+    assert result["task 2 binary - memn2n"][:2] == (100.0, 100.0) and result["task 3 binary - memn2n"][:2] == (100.0, 0.0)
+    with pytest.raises(ValueError, match="same tasks, models and questions"):  # the models differ: no pairs
+        compare_questions(binary, memn2n, samples=200)
+    with pytest.raises(ValueError, match="models: expected a model that .* scores, got 'unary'"):
+        compare_questions(binary, memn2n, samples=200, models=("unary", "memn2n"))
+    with pytest.raises(ValueError, match="models: expected both"):
+        compare_questions(binary, memn2n, samples=200, models=("binary", None))
+    main(["questions", str(binary), str(memn2n), "--models", "binary", "memn2n", "--samples", "200"])
+    assert "all: a 100.0, b 50.0" in capsys.readouterr().out
 
 
 def test_runs_of_different_questions_are_refused(tmp_path):

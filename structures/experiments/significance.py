@@ -1,7 +1,7 @@
 """Is one system better than another? A paired bootstrap over test items and Welch's t-test over seeds.
 
     python -m structures.experiments.significance parses GOLD.conllu A.conllu B.conllu [--no-punct]
-    python -m structures.experiments.significance questions A/babi_questions.csv B/babi_questions.csv [--facts]
+    python -m structures.experiments.significance questions A/babi_questions.csv B/babi_questions.csv [--facts] [--models binary memn2n]
     python -m structures.experiments.significance formulas RUN/formulas.csv --a structured --b simple
     python -m structures.experiments.significance seeds --a 76.99 77.08 77.25 --b 77.13 76.61 76.48
 
@@ -199,17 +199,26 @@ def compare_groups(groups: dict[str, tuple[Sequence[float], Sequence[float]]], s
 
 
 def compare_questions(a: Path, b: Path, column: str = "answer_correct", samples: int = 10_000,
-                      seed: int = 0) -> dict[str, tuple[float, float, Comparison]]:
+                      seed: int = 0, models: tuple[str | None, str | None] = (None, None)
+                      ) -> dict[str, tuple[float, float, Comparison]]:
     """Paired bootstraps over the test questions of two bAbI runs' ``babi_questions.csv`` files
     (:func:`structures.experiments.babi.write_questions`), per task and model and over all of them:
     ``{"task 2 binary": (accuracy a, accuracy b, a - b), ..., "all": ...}`` (accuracies in %). The
-    two files must score the same questions."""
+    two files must score the same questions. ``models`` (a's, b's) compares one model of each file,
+    e.g. ``("binary", "memn2n")``, question by question (groups ``"task 2 binary - memn2n"``)."""
 
-    def read(path: Path) -> dict[tuple[str, str, str], float]:
+    label = " - ".join(str(m) for m in models) if models[0] is not None else ""
+    if (models[0] is None) != (models[1] is None):
+        raise ValueError(f"models: expected both files' models or neither, got {models}")
+
+    def read(path: Path, model: str | None) -> dict[tuple[str, str, str], float]:
         with open(path, newline="") as f:
-            return {(r["task"], r["model"], r["question"]): float(r[column]) for r in csv.DictReader(f)}
+            rows = [r for r in csv.DictReader(f) if model is None or r["model"] == model]
+        if not rows:
+            raise ValueError(f"models: expected a model that {path} scores, got {model!r}")
+        return {(r["task"], r["model"] if model is None else label, r["question"]): float(r[column]) for r in rows}
 
-    ra, rb = read(a), read(b)
+    ra, rb = read(a, models[0]), read(b, models[1])
     if ra.keys() != rb.keys():
         raise ValueError(f"a, b: expected the same tasks, models and questions, got {len(ra)} and {len(rb)} "
                          f"({len(ra.keys() ^ rb.keys())} not in both)")
@@ -256,6 +265,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     questions.add_argument("a", type=Path)
     questions.add_argument("b", type=Path)
     questions.add_argument("--facts", action="store_true", help="compare supporting-fact accuracy, not answer accuracy")
+    questions.add_argument("--models", nargs=2, metavar=("A_MODEL", "B_MODEL"), default=(None, None),
+                           help="compare a's model A_MODEL with b's model B_MODEL (e.g. binary memn2n)")
     questions.add_argument("--samples", type=int, default=10_000, help="bootstrap resamples of the questions")
     questions.add_argument("--seed", type=int, default=0, help="the resampling generator's seed")
     formulas = sub.add_parser("formulas", help="paired bootstrap over the test formulas of two models of a transduction run",
@@ -275,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"({args.samples} resamples of the sentences)")
     elif args.command == "questions":
         column = "fact_correct" if args.facts else "answer_correct"
-        for name, (acc_a, acc_b, result) in compare_questions(args.a, args.b, column, args.samples, args.seed).items():
+        for name, (acc_a, acc_b, result) in compare_questions(args.a, args.b, column, args.samples, args.seed,
+                                                                       tuple(args.models)).items():
             print(f"{name}: a {acc_a:.1f}, b {acc_b:.1f}; a - b: {result}")
     elif args.command == "formulas":
         for name, (score_a, score_b, result) in compare_formulas(args.csv, args.a, args.b, args.samples, args.seed).items():
