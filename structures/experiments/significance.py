@@ -214,7 +214,7 @@ def compare_questions(a: Path, b: Path, column: str = "answer_correct", samples:
     def read(path: Path, model: str | None) -> dict[tuple[str, str, str], float]:
         with open(path, newline="") as f:
             rows = [r for r in csv.DictReader(f) if model is None or r["model"] == model]
-        if not rows:
+        if model is not None and not rows:
             raise ValueError(f"models: expected a model that {path} scores, got {model!r}")
         return {(r["task"], r["model"] if model is None else label, r["question"]): float(r[column]) for r in rows}
 
@@ -286,8 +286,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"({args.samples} resamples of the sentences)")
     elif args.command == "questions":
         column = "fact_correct" if args.facts else "answer_correct"
-        for name, (acc_a, acc_b, result) in compare_questions(args.a, args.b, column, args.samples, args.seed,
-                                                                       tuple(args.models)).items():
+        compared = compare_questions(args.a, args.b, column, args.samples, args.seed, tuple(args.models))
+        for name, (acc_a, acc_b, result) in compared.items():
             print(f"{name}: a {acc_a:.1f}, b {acc_b:.1f}; a - b: {result}")
     elif args.command == "formulas":
         for name, (score_a, score_b, result) in compare_formulas(args.csv, args.a, args.b, args.samples, args.seed).items():
