@@ -296,14 +296,17 @@ class Distribution(torch.distributions.Distribution):
         if not value.requires_grad:
             return torch.zeros_like(x)
         (g,) = torch.autograd.grad(value, x, torch.ones_like(value), **grad_options)  # (∂ Σ value: no node for the sum)
+        return self._zero_where_empty(value, g, in_place=not grad_options.get("create_graph"))
+
+    def _zero_where_empty(self, value: Tensor, g: Tensor, in_place: bool) -> Tensor:
+        """``g [rows, *parts]`` with the rows of examples whose ``value [*components, rows]`` is not
+        finite set to 0 (in place where ``in_place``: a fresh tensor spares a pass over new memory)."""
         # (on the CPU, where reading a value is free: every value finite, no pass over g; a sum that
         # overflows only sends finite values the long way)
         if value.device.type == "cpu" and math.isfinite(value.detach().sum().item()):
             return g
         infinite = ~torch.isfinite(value).reshape(-1, *[1] * self._part_dims)
-        if grad_options.get("create_graph"):
-            return g.masked_fill(infinite, 0.0)
-        return g.masked_fill_(infinite, 0.0)  # (a fresh tensor: in place spares a pass over new memory)
+        return g.masked_fill_(infinite, 0.0) if in_place else g.masked_fill(infinite, 0.0)
 
     # ------------------------------------------------------------------ queries
 

@@ -169,6 +169,23 @@ class StructuredDistribution(Distribution):
         elements = {name: semiring.convert(x) for name, x in inputs.items()}
         return self.program.run(semiring, {**elements, **self._lookups_for(rows)}, lengths, rows, self._shapes)
 
+    @_eager
+    def _grad(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None):
+        """(value, ∂ value / ∂θ), θ detached: by the program's passes called directly, without an
+        autograd graph (:meth:`~semiring.language.program.Program.gradient`), where the semiring
+        takes the potentials as they are and the program derives no inputs (closures)."""
+        with recording():  # (out of inference mode: the tensors made in it are copied by constant())
+            theta = constant(self._theta if theta is None else theta)
+            inputs = self._inputs(theta, detach=True)
+            semiring.prepare(list(inputs.values()))
+            rows = theta.shape[0]
+            elements = {name: semiring.convert(x) for name, x in inputs.items()}
+            if rows == 0 or self.program.closures or elements[self._input] is not theta:
+                return super()._grad(semiring, theta, lengths)
+            value, g = self.program.gradient(semiring, {**elements, **self._lookups_for(rows)},
+                                             self._lengths if lengths is None else lengths, rows, self._shapes, self._input)
+            return value, self._zero_where_empty(value, g, in_place=True)
+
     def _max_within(self, allowed: Tensor, lengths: Tensor | dict[str, Tensor] | None) -> Tensor:
         """The best ⟨allowed, z⟩ with the shared scores reduced to their constraints (0 or -inf)."""
         return self._run(sr.Max, self._inputs(allowed, detach=True, constraints=True), lengths)

@@ -15,7 +15,7 @@ from torch import Tensor
 from ..eager import eager
 from ..semirings import Log, Semiring
 from . import closure, limits
-from .autodiff import Tape
+from .autodiff import Tape, gradient
 from .execute import Run, native
 from .factor import eliminate, factor
 from .fuse import fuse
@@ -271,16 +271,30 @@ class Program:
         """Run on already converted elements ``[*components, B, *shape]`` (differentiate through
         these) and looked-up indices already checked: nothing here reads a value on the host, but the
         checks of a program's closures (:mod:`.closure`: a divergent sum, a positive cycle)."""
-        if lengths is not None and not isinstance(lengths, Mapping):
-            lengths = {self.syntax.lengths[0]: lengths}
         if self.closures:
             elements = {**elements, **closure.derive(self.closures, semiring, dict(elements))}
+        return Tape.apply(self._prepare(semiring, elements, lengths, batch, shapes), *elements.values())
+
+    def gradient(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes,
+                 of: str) -> tuple[Tensor, Tensor]:
+        """(goal ``[*components, B]``, ∂ Σ goal / ∂ ``elements[of]``) as :meth:`run` and a first-order
+        backward would give them, with no autograd graph: the tape's two passes called directly
+        (:func:`.autodiff.gradient`), for queries that are gradients and keep none (marginals,
+        argmax, samples). Programs without closures (whose derived inputs autograd differentiates)."""
+        if self.closures:
+            raise ValueError("gradient: a program with closures is differentiated through run()")
+        return gradient(self._prepare(semiring, elements, lengths, batch, shapes), list(elements.values()),
+                        list(elements).index(of))
+
+    def _prepare(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths, batch: int, shapes) -> Run:
+        """The run of the plan for ``shapes`` on ``elements`` (memory limits checked)."""
+        if lengths is not None and not isinstance(lengths, Mapping):
+            lengths = {self.syntax.lengths[0]: lengths}
         plan = self.plan(shapes)
         like = next((x for x in elements.values() if x.is_floating_point()), None)
         if like is not None:
             limits.check(plan, batch, like.element_size() * math.prod(like.shape[:semiring.extra]))
-        run = Run(plan, semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
-        return Tape.apply(run, *elements.values())
+        return Run(plan, semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
 
 
 def no_examples(semiring: Semiring, inputs: list[Tensor]) -> Tensor:
