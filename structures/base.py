@@ -249,8 +249,11 @@ class Distribution(torch.distributions.Distribution):
     @property
     def lengths(self) -> Tensor | dict[str, Tensor]:
         """``[B]``: each example's length (the default is the longest the potentials allow)."""
-        if self._lengths is not None:
-            return self._lengths
+        return self._full_lengths if self._lengths is None else self._lengths
+
+    @cached_property
+    def _full_lengths(self) -> Tensor:
+        """``[B]``: every example at :attr:`max_length` (made once: the queries read ``lengths`` often)."""
         return torch.full((self._batch,), self.max_length, dtype=torch.long, device=self._theta.device)
 
     @property

@@ -9,7 +9,7 @@ import semiring
 
 from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import check_shape, check_tags, prefix_mask
+from .validation import check_shape, check_shapes, check_tags, check_values, prefix_mask
 
 
 class EmissionCRF(StructuredDistribution):
@@ -40,20 +40,20 @@ class EmissionCRF(StructuredDistribution):
 
     def __init__(self, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
                  end: Tensor | None = None, lengths: Tensor | None = None, *, mask: Tensor | None = None):
-        check_shape("emissions", emissions, "B, N, C")
+        given = (("emissions", emissions), ("transitions", transitions), ("start", start), ("end", end))
+        check_shapes(*[(name, x, spec) for (name, x), spec in zip(given, ("B, N, C", "C, C", "C", "C"))], values=False)
         C = emissions.shape[-1]
-        check_shape("transitions", transitions, "C, C")
         if transitions.shape[0] != C:
             raise ValueError(f"transitions: expected shape [C, C] = [{C}, {C}], got {list(transitions.shape)}")
         shared = {"trans": transitions.unsqueeze(0)}
-        for name, v in (("start", start), ("end", end)):
+        for name, v in given[2:]:
             if v is None:  # (zeros: nothing to check)
                 shared[name] = emissions.new_zeros(1, C)
-                continue
-            check_shape(name, v, "C")
-            if v.shape[0] != C:
+            elif v.shape[0] != C:
                 raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
-            shared[name] = v.unsqueeze(0)
+            else:
+                shared[name] = v.unsqueeze(0)
+        check_values(*given)
         super().__init__(emissions, lengths, shared, mask=mask)
 
     def _check_potentials(self, log_potentials: Tensor) -> None:

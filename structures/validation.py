@@ -65,30 +65,48 @@ def check_shape(name: str, x: Tensor, spec: str, values: bool = True) -> None:
     the right rank, and equal sizes wherever ``spec`` repeats a symbol; while :func:`validating`
     (and ``values``: False where the caller has just checked them), also unless its values are
     finite or -inf, and small enough that sums of them cannot overflow."""
-    if not isinstance(x, Tensor):
-        raise ValueError(f"{name}: expected a tensor of shape [{spec}], got {type(x).__name__}")
-    rank, repeats = _parse_shape(spec)
-    if x.dim() != rank or any(x.shape[i] != x.shape[j] for i, j in repeats):
-        raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
-    if not (values and validating()):
+    check_shapes((name, x, spec), values=values)
+
+
+def check_shapes(*checks: tuple[str, Tensor | None, str], values: bool = True) -> None:
+    """:func:`check_shape` of each ``(name, x, spec)`` (``x`` None: absent, nothing to check), the
+    values of all of them read at once (one synchronisation on a GPU, however many tensors)."""
+    given = [(name, x, spec) for name, x, spec in checks if x is not None]
+    for name, x, spec in given:
+        if not isinstance(x, Tensor):
+            raise ValueError(f"{name}: expected a tensor of shape [{spec}], got {type(x).__name__}")
+        rank, repeats = _parse_shape(spec)
+        if x.dim() != rank or any(x.shape[i] != x.shape[j] for i, j in repeats):
+            raise ValueError(f"{name}: expected shape [{spec}], got {list(x.shape)}")
+        if not x.dtype.is_floating_point:
+            raise ValueError(f"{name}: expected floating-point log-potentials, got {x.dtype}")
+    if values:
+        check_values(*[(name, x) for name, x, _ in given])
+
+
+def check_values(*named: tuple[str, Tensor | None]) -> None:
+    """While :func:`validating`: ``ValueError`` naming the first tensor (of ``(name, x)``, x None:
+    absent) with a NaN or +inf entry, or finite entries so large that sums of them overflow; the
+    values of all of them read at once (one synchronisation on a GPU, however many tensors)."""
+    given = [(name, x.detach()) for name, x in named if x is not None and x.numel()]
+    if not (validating() and given):
         return
-    # NaN if any is, +inf if any is: one pass, read once
-    low, top = torch.stack(torch.aminmax(x.detach())).tolist() if x.numel() else (0.0, 0.0)
-    if math.isnan(top):
-        raise ValueError(f"{name}: contains NaN")
-    if top == math.inf:
-        raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
-    # a structure's score sums up to one entry per part of an example: beyond this, sums overflow
-    computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # half precision runs in float32
-    limit = torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
-    if low == -math.inf and top > -math.inf:  # the smallest finite entry needs another pass
-        low = x.detach().masked_fill(torch.isneginf(x.detach()), math.inf).amin().item()
-    largest = max(abs(top), abs(low)) if top > -math.inf else 0.0
-    if largest > limit:
-        raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
-                         f"{computed} (at most {limit:.3g} here: rescale, or use float64)")
+    # NaN if any is, +inf if any is: one pass over each, read once for all
+    read = torch.stack([v for _, x in given for v in torch.aminmax(x)]).tolist()
+    for (name, x), low, top in zip(given, read[::2], read[1::2]):
+        if math.isnan(top):
+            raise ValueError(f"{name}: contains NaN")
+        if top == math.inf:
+            raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
+        # a structure's score sums up to one entry per part of an example: beyond this, sums overflow
+        computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # half precision runs in float32
+        limit = torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
+        if low == -math.inf and top > -math.inf:  # the smallest finite entry needs another pass
+            low = x.masked_fill(torch.isneginf(x), math.inf).amin().item()
+        largest = max(abs(top), abs(low)) if top > -math.inf else 0.0
+        if largest > limit:
+            raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
+                             f"{computed} (at most {limit:.3g} here: rescale, or use float64)")
 
 
 @functools.lru_cache(maxsize=None)

@@ -134,3 +134,28 @@ def test_mixed_dtypes_are_computed_in_the_promoted_type():
     assert_close(mixed.log_partition, double.log_partition)
     assert_close(mixed.marginals, double.marginals)
     assert torch.equal(mixed.decode(), double.decode())
+
+
+@pytest.mark.parametrize("build", [EmissionCRF, LinearChainCRF.from_emissions], ids=["EmissionCRF", "from_emissions"])
+@pytest.mark.parametrize("bad", ["emissions", "transitions", "start", "end"])
+@pytest.mark.parametrize("value, message", [(float("nan"), "contains NaN"), (float("inf"), r"contains \+inf")])
+def test_a_bad_value_in_any_of_the_four_tensors_is_named(build, bad, value, message):
+    given = dict(emissions=torch.randn(2, 4, 3), transitions=torch.randn(3, 3), start=torch.randn(3), end=torch.randn(3))
+    given[bad] = given[bad].clone()
+    given[bad].view(-1)[1] = value
+    with pytest.raises(ValueError, match=f"^{bad}: {message}"):
+        build(**given)
+
+
+def test_the_four_tensors_values_are_read_once_for_all(monkeypatch):
+    """One host read (a GPU synchronisation) for emissions, transitions, start and end together."""
+    reads = []
+    tolist = torch.Tensor.tolist
+
+    def counting(self):
+        reads.append(self.shape)
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    EmissionCRF(torch.randn(2, 4, 3), torch.randn(3, 3), torch.randn(3), torch.randn(3))
+    assert reads == [torch.Size([8])]
