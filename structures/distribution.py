@@ -182,8 +182,8 @@ class StructuredDistribution(Distribution):
             elements = {name: semiring.convert(x) for name, x in inputs.items()}
             if rows == 0 or self.program.closures or elements[self._input] is not theta:
                 return super()._grad(semiring, theta, lengths)
-            value, g = self.program.gradient(semiring, {**elements, **self._lookups_for(rows)},
-                                             self._lengths if lengths is None else lengths, rows, self._shapes, self._input)
+            value, (g,) = self.program.gradient(semiring, {**elements, **self._lookups_for(rows)},
+                                                self._lengths if lengths is None else lengths, rows, self._shapes, [self._input])
             return value, self._zero_where_empty(value, g, in_place=True)
 
     def _max_within(self, allowed: Tensor, lengths: Tensor | dict[str, Tensor] | None) -> Tensor:
@@ -214,6 +214,12 @@ class StructuredDistribution(Distribution):
         if not self._shared:
             return super()._expected_counts()
         create = torch.is_grad_enabled() and (self._theta.requires_grad or any(v.requires_grad for v in self._shared.values()))
+        if not create and self._batch and not self.program.closures:  # (no graph to keep: the passes directly)
+            with recording():
+                xs = {n: constant(v) for n, v in self._inputs(self._theta, expand=True).items()}
+                _, grads = self.program.gradient(sr.Log, {**xs, **self._lookups_for(self._batch)}, self._lengths,
+                                                 self._batch, self._shapes, list(xs))
+            return dict(zip(xs, grads))
         with recording():
             xs = {n: v if create and v.requires_grad else leaf(v)
                   for n, v in self._inputs(self._theta, expand=True).items()}

@@ -23,14 +23,15 @@ def test_the_direct_gradient_is_autograds_of_the_run(name, dtype, semiring):
     text, inputs, lengths = run(name, dtype)
     program = sr.program(text)
     batch, shapes = program.shapes(inputs)
-    for of in [k for k, v in inputs.items() if v.dtype.is_floating_point]:
-        x = inputs[of].clone().requires_grad_()
-        value = program(semiring, lengths=lengths, **{**inputs, of: x})
-        (expected,) = torch.autograd.grad(value, x, torch.ones_like(value))
-        got_value, got = program.gradient(semiring, inputs, lengths, batch, shapes, of)
-        assert not got.requires_grad and not got_value.requires_grad
-        torch.testing.assert_close(got_value, value.detach(), rtol=0, atol=0, equal_nan=True)
-        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    floats = [k for k, v in inputs.items() if v.dtype.is_floating_point]
+    xs = {k: inputs[k].clone().requires_grad_() for k in floats}
+    value = program(semiring, lengths=lengths, **{**inputs, **xs})
+    expected = torch.autograd.grad(value, list(xs.values()), value.isfinite().to(value.dtype), allow_unused=True)
+    got_value, got = program.gradient(semiring, inputs, lengths, batch, shapes, floats)
+    torch.testing.assert_close(got_value, value.detach(), rtol=0, atol=0, equal_nan=True)
+    for name, g, e in zip(floats, got, expected):
+        assert not g.requires_grad and not got_value.requires_grad
+        torch.testing.assert_close(g, torch.zeros_like(g) if e is None else e, rtol=0, atol=0, msg=name)
 
 
 def test_a_program_with_closures_is_refused_by_name():
@@ -40,7 +41,7 @@ def test_a_program_with_closures_is_refused_by_name():
                   unary=torch.randn(2, 2, 2, generator=g) - 3)
     batch, shapes = program.shapes(inputs)
     with pytest.raises(ValueError, match="gradient: a program with closures"):
-        program.gradient(sr.Log, inputs, None, batch, shapes, "word")
+        program.gradient(sr.Log, inputs, None, batch, shapes, ["word"])
 
 
 def _no_autograd(*args, **kwargs):
@@ -106,3 +107,31 @@ def test_a_structure_with_closures_still_differentiates_through_autograd():
     bump[1, 2, 0] = eps
     up, down = UnaryCFG(word + bump, shared=shared).log_partition, UnaryCFG(word - bump, shared=shared).log_partition
     assert abs(float((up - down)[1]) / (2 * eps) - float(marginals[1, 2, 0])) < 1e-6
+
+
+SHARED = {
+    "EmissionCRF": lambda x: st.EmissionCRF(x[:, :, 0, :3], x[0, 0, :3, :3], x[0, 1, 0, :3], x[0, 2, 0, :3],
+                                            lengths=torch.tensor([2, 5, 4])),
+    "SecondOrderDependencyCRF": lambda x: st.SecondOrderDependencyCRF(x[:, 0, :5, :5], x[:, :5, :5, :5],
+                                                                      lengths=torch.tensor([4, 2, 3])),
+}
+EXPECTED = {
+    "shared_marginals": lambda d: d.shared_marginals,
+    "entropy": lambda d: {"": d.entropy()},
+    "cross_entropy": lambda d: {"": d.cross_entropy(d)},
+    "kl": lambda d: {"": d.kl(d)},
+}
+
+
+@pytest.mark.parametrize("query", EXPECTED)
+@pytest.mark.parametrize("structure", SHARED)
+def test_expected_counts_of_shared_scores_take_no_autograd_graph_and_give_its_numbers(structure, query, monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 5, 6, 6, dtype=torch.float64, generator=g)
+    x[0, 0, 2, 1] = float("-inf")
+    expected = EXPECTED[query](SHARED[structure](x.clone().requires_grad_()))  # (θ requires grad: autograd's path)
+    monkeypatch.setattr(torch.autograd, "grad", _no_autograd)
+    got = EXPECTED[query](SHARED[structure](x))
+    assert got.keys() == expected.keys() and got
+    for name in got:
+        torch.testing.assert_close(got[name], expected[name].detach(), rtol=1e-12, atol=1e-12, msg=name)

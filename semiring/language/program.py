@@ -6,7 +6,7 @@ import gc
 import math
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -276,15 +276,17 @@ class Program:
         return Tape.apply(self._prepare(semiring, elements, lengths, batch, shapes), *elements.values())
 
     def gradient(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes,
-                 of: str) -> tuple[Tensor, Tensor]:
-        """(goal ``[*components, B]``, ∂ Σ goal / ∂ ``elements[of]``) as :meth:`run` and a first-order
-        backward would give them, with no autograd graph: the tape's two passes called directly
-        (:func:`.autodiff.gradient`), for queries that are gradients and keep none (marginals,
-        argmax, samples). Programs without closures (whose derived inputs autograd differentiates)."""
+                 of: Sequence[str]) -> tuple[Tensor, list[Tensor]]:
+        """(goal ``[*components, B]``, [∂ Σ finite goal / ∂ ``elements[name]`` for name in ``of``]) as
+        :meth:`run` and a first-order backward would give them, with no autograd graph: the tape's two
+        passes called directly (:func:`.autodiff.gradient`), for queries that are gradients and keep
+        none (marginals, argmax, samples, expected counts). Programs without closures (whose derived
+        inputs autograd differentiates)."""
         if self.closures:
             raise ValueError("gradient: a program with closures is differentiated through run()")
+        names = list(elements)
         return gradient(self._prepare(semiring, elements, lengths, batch, shapes), list(elements.values()),
-                        list(elements).index(of))
+                        [names.index(name) for name in of])
 
     def _prepare(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths, batch: int, shapes) -> Run:
         """The run of the plan for ``shapes`` on ``elements`` (memory limits checked)."""
