@@ -9,7 +9,7 @@ import semiring
 
 from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import check_shape, check_shapes, check_tags, check_values, given_lengths, lengths_checked, prefix_mask
+from .validation import check_emission_scores, check_shape, check_tags, given_lengths, lengths_checked, prefix_mask
 
 
 class LinearChainCRF(StructuredDistribution):
@@ -59,17 +59,10 @@ class LinearChainCRF(StructuredDistribution):
         length 1 are scored like any other; ``decode()`` and ``to_parts`` speak of the ``N`` real
         tags.
         """
-        given = (("emissions", emissions), ("transitions", transitions), ("start", start), ("end", end))
-        check_shapes(*[(name, x, spec) for (name, x), spec in zip(given, ("B, N, C", "C, C", "C", "C"))], values=False)
+        check_emission_scores(emissions, transitions, start, end)
         B, N, C = emissions.shape
         if N == 0 or C == 0:
             raise ValueError(f"emissions: expected shape [B, N, C] with N >= 1 positions and C >= 1 tags, got {list(emissions.shape)}")
-        if transitions.shape[0] != C:
-            raise ValueError(f"transitions: expected shape [C, C] = [{C}, {C}], got {list(transitions.shape)}")
-        for name, v in given[2:]:
-            if v is not None and v.shape[0] != C:
-                raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
-        check_values(*given)
         lengths = given_lengths(lengths, mask, B, 1, N, emissions.device)
         # start and end only touch the "to" tag of one position each: fold them into the emissions
         # ([B, N, C]) and build the edge potentials with a single broadcast add.

@@ -9,7 +9,7 @@ import semiring
 
 from .base import takes_validate_args
 from .distribution import StructuredDistribution
-from .validation import check_shape, check_shapes, check_tags, check_values, prefix_mask
+from .validation import check_emission_scores, check_shape, check_tags, prefix_mask
 
 
 class EmissionCRF(StructuredDistribution):
@@ -40,20 +40,11 @@ class EmissionCRF(StructuredDistribution):
 
     def __init__(self, emissions: Tensor, transitions: Tensor, start: Tensor | None = None,
                  end: Tensor | None = None, lengths: Tensor | None = None, *, mask: Tensor | None = None):
-        given = (("emissions", emissions), ("transitions", transitions), ("start", start), ("end", end))
-        check_shapes(*[(name, x, spec) for (name, x), spec in zip(given, ("B, N, C", "C, C", "C", "C"))], values=False)
+        check_emission_scores(emissions, transitions, start, end)
         C = emissions.shape[-1]
-        if transitions.shape[0] != C:
-            raise ValueError(f"transitions: expected shape [C, C] = [{C}, {C}], got {list(transitions.shape)}")
         shared = {"trans": transitions.unsqueeze(0)}
-        for name, v in given[2:]:
-            if v is None:  # (zeros: nothing to check)
-                shared[name] = emissions.new_zeros(1, C)
-            elif v.shape[0] != C:
-                raise ValueError(f"{name}: expected shape [C] = [{C}], got {list(v.shape)}")
-            else:
-                shared[name] = v.unsqueeze(0)
-        check_values(*given)
+        for name, v in (("start", start), ("end", end)):
+            shared[name] = emissions.new_zeros(1, C) if v is None else v.unsqueeze(0)
         super().__init__(emissions, lengths, shared, mask=mask)
 
     def _check_potentials(self, log_potentials: Tensor) -> None:

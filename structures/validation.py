@@ -109,6 +109,20 @@ def check_values(*named: tuple[str, Tensor | None]) -> None:
                              f"{computed} (at most {limit:.3g} here: rescale, or use float64)")
 
 
+def check_emission_scores(emissions: Tensor, transitions: Tensor, start: Tensor | None, end: Tensor | None) -> None:
+    """``ValueError`` naming the argument unless ``emissions [B, N, C]``, ``transitions [C, C]``,
+    ``start [C]`` and ``end [C]`` (each None: absent) are floating tensors of one C; their values
+    checked as :func:`check_shape` checks them, read at once."""
+    given = (("emissions", emissions), ("transitions", transitions), ("start", start), ("end", end))
+    check_shapes(*[(name, x, spec) for (name, x), spec in zip(given, ("B, N, C", "C, C", "C", "C"))], values=False)
+    C = emissions.shape[-1]
+    for name, v in given[1:]:
+        if v is not None and v.shape[0] != C:
+            spec = "C, C" if name == "transitions" else "C"
+            raise ValueError(f"{name}: expected shape [{spec}] = [{', '.join([str(C)] * v.dim())}], got {list(v.shape)}")
+    check_values(*given)
+
+
 @functools.lru_cache(maxsize=None)
 def _parse_shape(spec: str) -> tuple[int, tuple[tuple[int, int], ...]]:
     """A shape spec's rank and the dimensions ``(i, j)`` where symbol i repeats an earlier symbol j."""
