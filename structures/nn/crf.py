@@ -80,7 +80,8 @@ class CRF(nn.Module):
     def decode(self, emissions: Tensor, mask: Tensor | None = None) -> list[list[int]]:
         """The best tag sequence of every example, as lists of each one's own length."""
         dist = self.distribution(emissions, mask)
-        return [row[:n] for row, n in zip(dist.decode().tolist(), dist.lengths.tolist())]
+        rows = torch.cat([dist.decode(), dist.lengths.to(emissions.device).unsqueeze(-1)], -1).tolist()  # (one read)
+        return [row[:row[-1]] for row in rows]
 
     def _check_emissions(self, emissions: Tensor) -> None:
         """``ValueError`` unless ``emissions`` is ``[seq_len, batch, num_tags]`` (batch first with
