@@ -136,6 +136,18 @@ class Structures(torch.distributions.constraints.Constraint):
         return f"Structures({type(self.distribution).__name__})"
 
 
+def _zero_where_empty(value: Tensor, grads: list[Tensor], in_place: bool) -> list[Tensor]:
+    """Per-example gradients ``[rows, ...]`` with the rows of examples whose ``value [*components,
+    rows]`` is not finite set to 0 (in place where ``in_place``: fresh tensors spare a pass over new
+    memory)."""
+    # (on the CPU, where reading a value is free: every value finite, no pass over the gradients; a
+    # sum that overflows only sends finite values the long way)
+    if value.device.type == "cpu" and math.isfinite(value.detach().sum().item()):
+        return grads
+    infinite = ~torch.isfinite(value)
+    return [(g.masked_fill_ if in_place else g.masked_fill)(infinite.reshape(-1, *[1] * (g.dim() - 1)), 0.0) for g in grads]
+
+
 def _inner(theta: Tensor, mu: Tensor, dims: int) -> Tensor:
     """⟨θ, μ⟩ over the last ``dims`` dimensions, with 0 · (-inf) = 0 (forbidden parts have μ = 0)."""
     prod = theta * mu  # -inf exactly where a forbidden part is used (μ > 0); 0 · -inf is NaN, μ < 0 gives +inf
@@ -299,17 +311,7 @@ class Distribution(torch.distributions.Distribution):
         if not value.requires_grad:
             return torch.zeros_like(x)
         (g,) = torch.autograd.grad(value, x, torch.ones_like(value), **grad_options)  # (∂ Σ value: no node for the sum)
-        return self._zero_where_empty(value, g, in_place=not grad_options.get("create_graph"))
-
-    def _zero_where_empty(self, value: Tensor, g: Tensor, in_place: bool) -> Tensor:
-        """``g [rows, *parts]`` with the rows of examples whose ``value [*components, rows]`` is not
-        finite set to 0 (in place where ``in_place``: a fresh tensor spares a pass over new memory)."""
-        # (on the CPU, where reading a value is free: every value finite, no pass over g; a sum that
-        # overflows only sends finite values the long way)
-        if value.device.type == "cpu" and math.isfinite(value.detach().sum().item()):
-            return g
-        infinite = ~torch.isfinite(value).reshape(-1, *[1] * self._part_dims)
-        return g.masked_fill_(infinite, 0.0) if in_place else g.masked_fill(infinite, 0.0)
+        return _zero_where_empty(value, [g], in_place=not grad_options.get("create_graph"))[0]
 
     # ------------------------------------------------------------------ queries
 

@@ -20,7 +20,7 @@ import semiring as sr
 from semiring import Program
 from semiring.language.program import no_examples
 
-from .base import Distribution, _eager, as_given, constant, leaf, recording
+from .base import Distribution, _eager, _zero_where_empty, as_given, constant, leaf, recording
 from .validation import Lengths, check_integers, check_shape, check_tags, reading_lengths, validating
 
 # the checks' former home: structures written against it import them from here
@@ -184,7 +184,7 @@ class StructuredDistribution(Distribution):
                 return super()._grad(semiring, theta, lengths)
             value, (g,) = self.program.gradient(semiring, {**elements, **self._lookups_for(rows)},
                                                 self._lengths if lengths is None else lengths, rows, self._shapes, [self._input])
-            return value, self._zero_where_empty(value, g, in_place=True)
+            return value, _zero_where_empty(value, [g], in_place=True)[0]
 
     def _max_within(self, allowed: Tensor, lengths: Tensor | dict[str, Tensor] | None) -> Tensor:
         """The best ⟨allowed, z⟩ with the shared scores reduced to their constraints (0 or -inf)."""
@@ -217,9 +217,9 @@ class StructuredDistribution(Distribution):
         if not create and self._batch and not self.program.closures:  # (no graph to keep: the passes directly)
             with recording():
                 xs = {n: constant(v) for n, v in self._inputs(self._theta, expand=True).items()}
-                _, grads = self.program.gradient(sr.Log, {**xs, **self._lookups_for(self._batch)}, self._lengths,
-                                                 self._batch, self._shapes, list(xs))
-            return dict(zip(xs, grads))
+                value, grads = self.program.gradient(sr.Log, {**xs, **self._lookups_for(self._batch)}, self._lengths,
+                                                     self._batch, self._shapes, list(xs))
+            return dict(zip(xs, _zero_where_empty(value, grads, in_place=True)))
         with recording():
             xs = {n: v if create and v.requires_grad else leaf(v)
                   for n, v in self._inputs(self._theta, expand=True).items()}

@@ -54,9 +54,9 @@ class Tape(torch.autograd.Function):
 
 
 def gradient(run: Run, elements: list[Tensor], wanted: list[int]) -> tuple[Tensor, list[Tensor]]:
-    """(goal, ∂ Σ finite goal / ∂ elements[i] for i in ``wanted``) by :class:`Tape`'s forward and
-    first-order backward called directly: what ``torch.autograd.grad`` of the goal's finite entries
-    gives, without the autograd node, the engine and their bookkeeping (a fifth to a third of a small
+    """(goal, ∂ Σ goal / ∂ elements[i] for i in ``wanted``) by :class:`Tape`'s forward and
+    first-order backward called directly: what ``torch.autograd.grad`` of the goal's sum gives,
+    without the autograd node, the engine and their bookkeeping (a fifth to a third of a small
     query). The elements are made outside inference mode (the backward of a semiring without
     written-out steps differentiates its levels by autograd)."""
     with torch.no_grad():
@@ -64,9 +64,8 @@ def gradient(run: Run, elements: list[Tensor], wanted: list[int]) -> tuple[Tenso
         with _unrecorded(run):
             goal, buffers = run.forward(elements, keep=True)
         grads = run.gradients(buffers) if run.unrecorded() else None
-        seed = torch.isfinite(goal).to(goal.dtype)  # (an example with no structure adds nothing to a shared input)
         with _unrecorded(run):
-            found = run.backward(buffers, seed, [e.shape for e in elements], grads=grads)
+            found = run.backward(buffers, torch.ones_like(goal), [e.shape for e in elements], grads=grads)
     return (goal.clone() if goal.is_inference() else goal), [found[i].clone() if found[i].is_inference() else found[i] for i in wanted]
 
 

@@ -277,11 +277,12 @@ class Program:
 
     def gradient(self, semiring: Semiring, elements: Mapping[str, Tensor], lengths: Tensor | None, batch: int, shapes,
                  of: Sequence[str]) -> tuple[Tensor, list[Tensor]]:
-        """(goal ``[*components, B]``, [∂ Σ finite goal / ∂ ``elements[name]`` for name in ``of``]) as
+        """(goal ``[*components, B]``, [∂ Σ goal / ∂ ``elements[name]`` for name in ``of``]) as
         :meth:`run` and a first-order backward would give them, with no autograd graph: the tape's two
         passes called directly (:func:`.autodiff.gradient`), for queries that are gradients and keep
-        none (marginals, argmax, samples, expected counts). Programs without closures (whose derived
-        inputs autograd differentiates)."""
+        none (marginals, argmax, samples, expected counts). An example of goal -inf adds what
+        autograd's backward of the sum would (the structures mask its rows: per-example inputs).
+        Programs without closures (whose derived inputs autograd differentiates)."""
         if self.closures:
             raise ValueError("gradient: a program with closures is differentiated through run()")
         names = list(elements)
