@@ -162,12 +162,18 @@ class StructuredDistribution(Distribution):
     def _run(self, semiring: sr.Semiring, inputs: dict[str, Tensor], lengths: Tensor | None = None) -> Tensor:
         """Run the program on every input given (program order): ``[*components, batch]``."""
         lengths = self._lengths if lengths is None else lengths
-        semiring.prepare(list(inputs.values()))
         rows = inputs[self._input].shape[0]
         if rows == 0:
+            semiring.prepare(list(inputs.values()))
             return no_examples(semiring, [inputs[self._input], *(x for n, x in inputs.items() if n != self._input)])
+        return self.program.run(semiring, self._elements(semiring, inputs), lengths, rows, self._shapes)
+
+    def _elements(self, semiring: sr.Semiring, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The program's elements in ``semiring`` for ``inputs`` (program order, a batch of at least
+        one row): each converted, and the looked-up indices for their rows."""
+        semiring.prepare(list(inputs.values()))
         elements = {name: semiring.convert(x) for name, x in inputs.items()}
-        return self.program.run(semiring, {**elements, **self._lookups_for(rows)}, lengths, rows, self._shapes)
+        return {**elements, **self._lookups_for(inputs[self._input].shape[0])}
 
     @_eager
     def _grad(self, semiring: sr.Semiring, theta: Tensor | None = None, lengths: Tensor | None = None):
@@ -176,14 +182,11 @@ class StructuredDistribution(Distribution):
         takes the potentials as they are and the program derives no inputs (closures)."""
         with recording():  # (out of inference mode: the tensors made in it are copied by constant())
             theta = constant(self._theta if theta is None else theta)
-            inputs = self._inputs(theta, detach=True)
-            semiring.prepare(list(inputs.values()))
-            rows = theta.shape[0]
-            elements = {name: semiring.convert(x) for name, x in inputs.items()}
-            if rows == 0 or self.program.closures or elements[self._input] is not theta:
+            elements = self._elements(semiring, self._inputs(theta, detach=True)) if theta.shape[0] else {}
+            if not elements or self.program.closures or elements[self._input] is not theta:
                 return super()._grad(semiring, theta, lengths)
-            value, (g,) = self.program.gradient(semiring, {**elements, **self._lookups_for(rows)},
-                                                self._lengths if lengths is None else lengths, rows, self._shapes, [self._input])
+            value, (g,) = self.program.gradient(semiring, elements, self._lengths if lengths is None else lengths,
+                                                theta.shape[0], self._shapes, [self._input])
             return value, _zero_where_empty(value, [g], in_place=True)[0]
 
     def _max_within(self, allowed: Tensor, lengths: Tensor | dict[str, Tensor] | None) -> Tensor:
@@ -217,8 +220,8 @@ class StructuredDistribution(Distribution):
         if not create and self._batch and not self.program.closures:  # (no graph to keep: the passes directly)
             with recording():
                 xs = {n: constant(v) for n, v in self._inputs(self._theta, expand=True).items()}
-                value, grads = self.program.gradient(sr.Log, {**xs, **self._lookups_for(self._batch)}, self._lengths,
-                                                     self._batch, self._shapes, list(xs))
+                value, grads = self.program.gradient(sr.Log, self._elements(sr.Log, xs), self._lengths, self._batch,
+                                                     self._shapes, list(xs))
             return dict(zip(xs, _zero_where_empty(value, grads, in_place=True)))
         with recording():
             xs = {n: v if create and v.requires_grad else leaf(v)
