@@ -88,25 +88,50 @@ def check_values(*named: tuple[str, Tensor | None]) -> None:
     """While :func:`validating`: ``ValueError`` naming the first tensor (of ``(name, x)``, x None:
     absent) with a NaN or +inf entry, or finite entries so large that sums of them overflow; the
     values of all of them read at once (one synchronisation on a GPU, however many tensors)."""
-    given = [(name, x.detach()) for name, x in named if x is not None and x.numel()]
-    if not (validating() and given):
+    if not validating():
+        return
+    given = [(name, x.detach(), _overflow_limit(x)) for name, x in named if x is not None and x.numel()]
+    doubtful = _not_cleared(given)
+    if not doubtful:
         return
     # NaN if any is, +inf if any is: one pass over each, read once for all
-    read = torch.stack([v for _, x in given for v in torch.aminmax(x)]).tolist()
-    for (name, x), low, top in zip(given, read[::2], read[1::2]):
+    read = torch.stack([v for _, x, _ in doubtful for v in torch.aminmax(x)]).tolist()
+    for (name, x, limit), low, top in zip(doubtful, read[::2], read[1::2]):
         if math.isnan(top):
             raise ValueError(f"{name}: contains NaN")
         if top == math.inf:
             raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
-        # a structure's score sums up to one entry per part of an example: beyond this, sums overflow
-        computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype  # half precision runs in float32
-        limit = torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
         if low == -math.inf and top > -math.inf:  # the smallest finite entry needs another pass
             low = x.masked_fill(torch.isneginf(x), math.inf).amin().item()
         largest = max(abs(top), abs(low)) if top > -math.inf else 0.0
         if largest > limit:
+            computed = torch.float64 if x.dtype == torch.float64 else torch.float32
             raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
                              f"{computed} (at most {limit:.3g} here: rescale, or use float64)")
+
+
+def _overflow_limit(x: Tensor) -> float:
+    """The largest magnitude of ``x``'s entries whose sums, one entry per part of an example (at most
+    ``x.shape[1:]`` of them), cannot overflow the dtype they are computed in (float32 for half precision)."""
+    computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
+
+
+def _not_cleared(given: list[tuple[str, Tensor, float]]) -> list[tuple[str, Tensor, float]]:
+    """Those of ``(name, x, limit)`` that one BLAS pass does not clear, read at once: on the CPU, where
+    a pass over the values (not a synchronisation) is the cost, a finite sum of squares of a contiguous
+    float32 or float64 ``x`` means no NaN or infinite entry, and bounds every entry's magnitude by its
+    square root (aminmax takes 6x as long: one core, a million floats). The others (with -inf entries,
+    on a GPU) take the exact check."""
+    screened = [i for i, (_, x, _) in enumerate(given)
+                if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.is_contiguous()]
+    if not screened:
+        return given
+    flat = [given[i][1].view(-1) for i in screened]
+    dots = [torch.dot(v, v) for v in flat]
+    squares = [dots[0].item()] if len(dots) == 1 else torch.stack(dots).tolist()
+    cleared = {i for i, s in zip(screened, squares) if math.isfinite(s) and math.sqrt(s) <= given[i][2]}
+    return [g for i, g in enumerate(given) if i not in cleared]
 
 
 def check_emission_scores(emissions: Tensor, transitions: Tensor, start: Tensor | None, end: Tensor | None) -> None:

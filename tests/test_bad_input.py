@@ -102,3 +102,28 @@ def test_the_tree_layers_answer_an_empty_batch_with_empty_outputs():
     assert [tuple(s.shape) for s in states] == [(0, 3, 5), (0, 3, 5), (0, 5)]
     out = SubtreeAttention(4, 6)(torch.randn(0, 3, 4), torch.randn(0, 2, 6), torch.zeros(0, 2, dtype=torch.long))
     assert tuple(out[0].shape) == (0, 2, 4) and tuple(out[1].shape) == (0, 2, 3)
+
+
+SPECIAL = st.sampled_from([math.nan, math.inf, -math.inf, 3e38, -3e38, 1e300, 5e33, 4e33, -4e33, 1e19, 2.5])
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries=st.lists(st.tuples(st.integers(0, 2 * 3 * 4 * 4 - 1), SPECIAL), max_size=3),
+       dtype=st.sampled_from([torch.float32, torch.float64]), transposed=st.booleans())
+def test_potentials_are_refused_exactly_for_nan_plus_inf_or_entries_whose_sums_overflow(entries, dtype, transposed):
+    """The rule, checked plainly against the checks' screen (a sum of squares on the CPU) and exact
+    pass: NaN or +inf anywhere, or a finite entry beyond ``finfo.max / (N-1) C²`` (one per part of an
+    example), is a ValueError naming the potentials; anything else (-inf included) is accepted."""
+    theta = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for i, v in entries:
+        theta.view(-1)[i] = v
+    theta = theta.to(dtype)  # (1e300 is +inf in float32)
+    theta = theta.transpose(-1, -2).contiguous().transpose(-1, -2) if transposed else theta  # not contiguous
+    finite = theta[theta.isfinite()].abs()
+    limit = torch.finfo(dtype).max / (3 * 4 * 4)
+    refused = bool(theta.isnan().any() or (theta == math.inf).any() or (finite.numel() and finite.max() > limit))
+    if refused:
+        with pytest.raises(ValueError, match="log_potentials"):
+            LinearChainCRF(theta)
+    else:
+        LinearChainCRF(theta)
