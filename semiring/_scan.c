@@ -50,7 +50,7 @@ typedef struct {
 /* the scratch one example needs, in numbers: the step's terms [K, KP] and four rows */
 static int64_t room(int64_t K) { return (K + 4) * PAD(K); }
 
-#define SCANS(R, V, VI, SUFFIX, LOWEST, LOG, ISA, TARGET)                                                   \
+#define FORWARD_SCANS(R, V, VI, LANES, EXP, SUFFIX, LOWEST, LOG, ISA, TARGET)                                                \
 static inline __attribute__((always_inline)) V load_##SUFFIX##ISA(const R *p) { V v; memcpy(&v, p, sizeof v); return v; } \
 static inline __attribute__((always_inline)) void store_##SUFFIX##ISA(R *p, V v) { memcpy(p, &v, sizeof v); } \
                                                                                                             \
@@ -66,7 +66,7 @@ TARGET static void terms_##SUFFIX##ISA(const Args *a, const R *x, const R *d, R 
         else for (int64_t c = 0; c < K; c++) row[c] = dy + xr[c * s3];                                     \
         for (int64_t c = K; c < KP; c++) row[c] = -INFINITY;                                               \
     }                                                                                                       \
-    for (int64_t c = 0; c < KP; c += LANES_##SUFFIX) {                                                     \
+    for (int64_t c = 0; c < KP; c += LANES) {                                                     \
         V mv = load_##SUFFIX##ISA(tile + c);                                                                \
         for (int64_t y = 1; y < K; y++) {                                                                   \
             V v = load_##SUFFIX##ISA(tile + y * KP + c);                                                    \
@@ -96,10 +96,10 @@ TARGET static void log_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *roo
         const R *x = (const R *)a->xs + b * a->sx[0] + t * a->sx[1];                                        \
         terms_##SUFFIX##ISA(a, x, d, tile, m, 1);                                                           \
         R *w = a->flags & KEEP ? (R *)a->weights + ((b * N + t) * K) * KP : tile;                           \
-        for (int64_t c = 0; c < KP; c += LANES_##SUFFIX) store_##SUFFIX##ISA(s + c, (V){0});               \
+        for (int64_t c = 0; c < KP; c += LANES) store_##SUFFIX##ISA(s + c, (V){0});               \
         for (int64_t y = 0; y < K; y++) {                                                                   \
-            for (int64_t c = 0; c < KP; c += LANES_##SUFFIX) {                                             \
-                V v = exp_##SUFFIX(load_##SUFFIX##ISA(tile + y * KP + c) - load_##SUFFIX##ISA(m + c));      \
+            for (int64_t c = 0; c < KP; c += LANES) {                                             \
+                V v = EXP(load_##SUFFIX##ISA(tile + y * KP + c) - load_##SUFFIX##ISA(m + c));      \
                 store_##SUFFIX##ISA(w + y * KP + c, v);                                                     \
                 store_##SUFFIX##ISA(s + c, load_##SUFFIX##ISA(s + c) + v);                                  \
             }                                                                                               \
@@ -120,6 +120,23 @@ TARGET static void log_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *roo
     }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
+TARGET static void max_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *room_) {                      \
+    R *scratch = room_;                                                                                     \
+    const int64_t N = a->N, K = a->K, KP = PAD(K);                                                          \
+    R *tile = scratch, *d = tile + K * KP, *m = d + KP;                                                     \
+    const R *init = (const R *)a->init + b * a->si[0];                                                      \
+    for (int64_t y = 0; y < K; y++) d[y] = init[y * a->si[1]];                                             \
+    for (int64_t t = 0; t < N; t++) {                                                                       \
+        terms_##SUFFIX##ISA(a, (const R *)a->xs + b * a->sx[0] + t * a->sx[1], d, tile, m, 0);              \
+        const R *u = a->flags & UNARY ? (const R *)a->unary + b * a->su[0] + t * a->su[1] : NULL;           \
+        R *alpha = (R *)a->alphas + (b * N + t) * K;                                                        \
+        for (int64_t c = 0; c < K; c++) d[c] = alpha[c] = u ? m[c] + u[c * a->su[2]] : m[c];               \
+    }                                                                                                       \
+}                                                                                                           \
+
+/* the backward loops, at the 32-byte width (at AVX-512's, a row's gradient sum, one horizontal sum per row of
+ * 16 floats, made them slower), using FORWARD_SCANS' loads and stores */
+#define BACKWARD_SCANS(R, V, VI, LANES, SUFFIX, ISA, TARGET)                                                \
 TARGET static void log_backward_##SUFFIX##ISA(const Args *a, int64_t b, void *room_) {                     \
     R *scratch = room_;                                                                                     \
     const int64_t N = a->N, K = a->K, KP = PAD(K);                                                          \
@@ -143,7 +160,7 @@ TARGET static void log_backward_##SUFFIX##ISA(const Args *a, int64_t b, void *ro
             R *restrict gy = gx + y * K;                                                                    \
             V acc = {0};                                                                                    \
             int64_t c = 0;                                                                                  \
-            for (; c + LANES_##SUFFIX <= K; c += LANES_##SUFFIX) {                                          \
+            for (; c + LANES <= K; c += LANES) {                                          \
                 V v = load_##SUFFIX##ISA(wy + c) * load_##SUFFIX##ISA(q + c);                               \
                 store_##SUFFIX##ISA(gy + c, shared ? load_##SUFFIX##ISA(gy + c) + v : v);                   \
                 acc += v;                                                                                   \
@@ -154,26 +171,12 @@ TARGET static void log_backward_##SUFFIX##ISA(const Args *a, int64_t b, void *ro
                 gy[c] = shared ? gy[c] + v : v;                                                             \
                 total += v;                                                                                 \
             }                                                                                               \
-            for (int i = 0; i < LANES_##SUFFIX; i++) total += acc[i];                                       \
+            for (int i = 0; i < LANES; i++) total += acc[i];                                       \
             next[y] = total;                                                                                \
         }                                                                                                   \
         for (int64_t y = 0; y < K; y++) carry[y] = next[y];                                                 \
     }                                                                                                       \
     memcpy((R *)a->g_init + b * K, carry, K * sizeof(R));                                                   \
-}                                                                                                           \
-                                                                                                            \
-TARGET static void max_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *room_) {                      \
-    R *scratch = room_;                                                                                     \
-    const int64_t N = a->N, K = a->K, KP = PAD(K);                                                          \
-    R *tile = scratch, *d = tile + K * KP, *m = d + KP;                                                     \
-    const R *init = (const R *)a->init + b * a->si[0];                                                      \
-    for (int64_t y = 0; y < K; y++) d[y] = init[y * a->si[1]];                                             \
-    for (int64_t t = 0; t < N; t++) {                                                                       \
-        terms_##SUFFIX##ISA(a, (const R *)a->xs + b * a->sx[0] + t * a->sx[1], d, tile, m, 0);              \
-        const R *u = a->flags & UNARY ? (const R *)a->unary + b * a->su[0] + t * a->su[1] : NULL;           \
-        R *alpha = (R *)a->alphas + (b * N + t) * K;                                                        \
-        for (int64_t c = 0; c < K; c++) d[c] = alpha[c] = u ? m[c] + u[c * a->su[2]] : m[c];               \
-    }                                                                                                       \
 }                                                                                                           \
                                                                                                             \
 TARGET static void max_backward_##SUFFIX##ISA(const Args *a, int64_t b, void *room_) {                     \
@@ -212,13 +215,18 @@ TARGET static void max_backward_##SUFFIX##ISA(const Args *a, int64_t b, void *ro
     memcpy((R *)a->g_init + b * K, carry, K * sizeof(R));                                                   \
 }
 
-#define ALL_SCANS(ISA, TARGET)                                         \
-    SCANS(double, vd, vid, f64, -DBL_MAX, log, ISA, TARGET)            \
-    SCANS(float, vf, vif, f32, -FLT_MAX, logf, ISA, TARGET)
+#define ALL_SCANS(ISA, TARGET)                                                             \
+    FORWARD_SCANS(double, vd, vid, LANES_f64, exp_f64, f64, -DBL_MAX, log, ISA, TARGET)    \
+    FORWARD_SCANS(float, vf, vif, LANES_f32, exp_f32, f32, -FLT_MAX, logf, ISA, TARGET)    \
+    BACKWARD_SCANS(double, vd, vid, LANES_f64, f64, ISA, TARGET)                           \
+    BACKWARD_SCANS(float, vf, vif, LANES_f32, f32, ISA, TARGET)
 ALL_SCANS(_base, )
 #if ISAS_X86
 ALL_SCANS(_avx2, AVX2)
 ALL_SCANS(_avx512, AVX512)
+/* the forward loops at AVX-512's own width, where a row of K (padded to PAD_TO) is whole vectors of it */
+FORWARD_SCANS(double, vd8, vid8, 8, exp_f64x8, f64, -DBL_MAX, log, _avx512w, AVX512)
+FORWARD_SCANS(float, vf16, vif16, 16, exp_f32x16, f32, -FLT_MAX, logf, _avx512w, AVX512)
 #endif
 
 typedef void Example(const Args *a, int64_t b, void *scratch);
@@ -230,9 +238,20 @@ typedef void Example(const Args *a, int64_t b, void *scratch);
       {max_backward_f32##ISA, max_backward_f64##ISA}}}
 #if ISAS_X86
 static Example *const CODE[][2][2][2] = {TABLE(_base), TABLE(_avx2), TABLE(_avx512)};
+static Example *const WIDE_FORWARD[2][2] = {{log_forward_f32_avx512w, log_forward_f64_avx512w},
+                                             {max_forward_f32_avx512w, max_forward_f64_avx512w}};
+#define AVX512_ISA 2 /* (ISA_NAMES' index) */
 #else
 static Example *const CODE[][2][2][2] = {TABLE(_base)};
 #endif
+
+/* the loop of one example for this call: a forward at AVX-512's 64 bytes where a row of K is whole vectors of it */
+static Example *example_code(int max, int backward, int is_double, int64_t K) {
+#if ISAS_X86
+    if (isa == AVX512_ISA && !backward && PAD(K) % (is_double ? 8 : 16) == 0) return WIDE_FORWARD[max][is_double];
+#endif
+    return CODE[isa][max][backward][is_double];
+}
 
 #define GRAIN (1 << 18) /* terms (K^2 per step) a thread is worth: starting one costs tens of microseconds */
 
@@ -281,7 +300,7 @@ static PyObject *call(PyObject *args, int backward) {
     }
     int ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = run_all(&a, CODE[isa][max][backward][is_double], is_double ? sizeof(double) : sizeof(float), threads);
+    ok = run_all(&a, example_code(max, backward, is_double, a.K), is_double ? sizeof(double) : sizeof(float), threads);
     Py_END_ALLOW_THREADS
     result = ok ? Py_NewRef(Py_None) : PyErr_NoMemory();
 done:

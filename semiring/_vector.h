@@ -13,55 +13,63 @@
  * polynomial of r (|r| <= ln2/2: degree 7 for float, 13 for double, both below half an ulp), times 2^n
  * built in the exponent bits. Below -87.3 (float) / -708 (double) it gives 0, not the subnormal
  * (weights under 1e-38 / 1e-307 of the largest, which the sums they enter cannot hold anyway);
- * above 88 / 709 the lanes are recomputed by libm (only +inf terms reach there). */
+ * above 88 / 709 the lanes are recomputed by libm (only +inf terms reach there). EXP_F32 and EXP_F64
+ * define it for a vector type of any width (ATTR: its functions' target attribute); exp_f32 and
+ * exp_f64 are the 32-byte ones, the others (AVX-512's 64 bytes, below) the same operations lane by lane. */
 typedef float vf __attribute__((vector_size(32)));
 typedef int32_t vif __attribute__((vector_size(32)));
 typedef double vd __attribute__((vector_size(32)));
 typedef int64_t vid __attribute__((vector_size(32)));
 typedef uint64_t vu64 __attribute__((vector_size(32)));
-#define ANY(mask) (((vu64)(mask))[0] | ((vu64)(mask))[1] | ((vu64)(mask))[2] | ((vu64)(mask))[3]) /* without a branch per lane */
 #define LANES_f32 8
 #define LANES_f64 4
+/* whether any lane of a comparison's mask is set, without a branch per lane (U: the unsigned 64-bit vector of its size) */
+#define ANY(mask, U) ({ const U any_ = (U)(mask); uint64_t r_ = 0; for (unsigned i_ = 0; i_ < sizeof any_ / 8; i_++) r_ |= any_[i_]; r_; })
 
-static inline __attribute__((always_inline)) vf exp_f32(vf x) {
-    const vf zero = {0}, lo = zero + -87.3f, hi = zero + 88.0f;
-    const vif under = x < lo, over = x > hi;
-    vf c = (vf)(((vif)lo & under) | ((vif)x & ~under));
-    c = (vf)(((vif)hi & over) | ((vif)c & ~over));
-    const vf magic = zero + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    vf fx = c * 1.44269504088896341f + magic;
-    vif e = (((vif)fx - 0x4B400000) + 127) << 23;
-    vf n = fx - magic;
-    vf r = c - n * 0.693359375f - n * -2.12194440e-4f;
-    vf r2 = r * r, r4 = r2 * r2; /* Estrin's scheme: a shorter chain of dependent operations */
-    vf p = ((r + 1.0f) + r2 * (0.5f + r * (1.0f / 6))) + r4 * ((1.0f / 24 + r * (1.0f / 120)) + r2 * (1.0f / 720 + r * (1.0f / 5040)));
-    vf y = p * (vf)e;
-    y = (vf)((vif)y & ~under);
-    if (__builtin_expect(ANY(over) != 0, 0))
-        for (int i = 0; i < LANES_f32; i++) if (over[i]) y[i] = expf(x[i]);
-    return y;
+#define EXP_F32(NAME, V, VI, U, ATTR)                                                                        \
+ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
+    const V zero = {0}, lo = zero + -87.3f, hi = zero + 88.0f;                                               \
+    const VI under = x < lo, over = x > hi;                                                                  \
+    V c = (V)(((VI)lo & under) | ((VI)x & ~under));                                                          \
+    c = (V)(((VI)hi & over) | ((VI)c & ~over));                                                              \
+    const V magic = zero + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */                     \
+    V fx = c * 1.44269504088896341f + magic;                                                                 \
+    VI e = (((VI)fx - 0x4B400000) + 127) << 23;                                                              \
+    V n = fx - magic;                                                                                        \
+    V r = c - n * 0.693359375f - n * -2.12194440e-4f;                                                        \
+    V r2 = r * r, r4 = r2 * r2; /* Estrin's scheme: a shorter chain of dependent operations */               \
+    V p = ((r + 1.0f) + r2 * (0.5f + r * (1.0f / 6))) + r4 * ((1.0f / 24 + r * (1.0f / 120)) + r2 * (1.0f / 720 + r * (1.0f / 5040))); \
+    V y = p * (V)e;                                                                                          \
+    y = (V)((VI)y & ~under);                                                                                 \
+    if (__builtin_expect(ANY(over, U) != 0, 0))                                                              \
+        for (unsigned i = 0; i < sizeof x / sizeof x[0]; i++) if (over[i]) y[i] = expf(x[i]);              \
+    return y;                                                                                                \
 }
 
-static inline __attribute__((always_inline)) vd exp_f64(vd x) {
-    const vd zero = {0}, lo = zero + -708.0, hi = zero + 709.0;
-    const vid under = x < lo, over = x > hi;
-    vd c = (vd)(((vid)lo & under) | ((vid)x & ~under));
-    c = (vd)(((vid)hi & over) | ((vid)c & ~over));
-    const vd magic = zero + 6755399441055744.0; /* 1.5 * 2^52 */
-    vd fx = c * 1.4426950408889634074 + magic;
-    vid e = (((vid)fx - 0x4338000000000000LL) + 1023) << 52;
-    vd n = fx - magic;
-    vd r = c - n * 6.93145751953125e-1 - n * 1.42860682030941723212e-6;
-    vd r2 = r * r, r4 = r2 * r2, r8 = r4 * r4; /* Estrin's scheme, coefficients 1/k! */
-    vd p = ((r + 1.0) + r2 * (1.0 / 2 + r * (1.0 / 6))) + r4 * ((1.0 / 24 + r * (1.0 / 120)) + r2 * (1.0 / 720 + r * (1.0 / 5040)))
-         + r8 * (((1.0 / 40320 + r * (1.0 / 362880)) + r2 * (1.0 / 3628800 + r * (1.0 / 39916800)))
-                 + r4 * (1.0 / 479001600 + r * (1.0 / 6227020800.0)));
-    vd y = p * (vd)e;
-    y = (vd)((vid)y & ~under);
-    if (__builtin_expect(ANY(over) != 0, 0))
-        for (int i = 0; i < LANES_f64; i++) if (over[i]) y[i] = exp(x[i]);
-    return y;
+#define EXP_F64(NAME, V, VI, U, ATTR)                                                                        \
+ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
+    const V zero = {0}, lo = zero + -708.0, hi = zero + 709.0;                                               \
+    const VI under = x < lo, over = x > hi;                                                                  \
+    V c = (V)(((VI)lo & under) | ((VI)x & ~under));                                                          \
+    c = (V)(((VI)hi & over) | ((VI)c & ~over));                                                              \
+    const V magic = zero + 6755399441055744.0; /* 1.5 * 2^52 */                                              \
+    V fx = c * 1.4426950408889634074 + magic;                                                                \
+    VI e = (((VI)fx - 0x4338000000000000LL) + 1023) << 52;                                                   \
+    V n = fx - magic;                                                                                        \
+    V r = c - n * 6.93145751953125e-1 - n * 1.42860682030941723212e-6;                                       \
+    V r2 = r * r, r4 = r2 * r2, r8 = r4 * r4; /* Estrin's scheme, coefficients 1/k! */                       \
+    V p = ((r + 1.0) + r2 * (1.0 / 2 + r * (1.0 / 6))) + r4 * ((1.0 / 24 + r * (1.0 / 120)) + r2 * (1.0 / 720 + r * (1.0 / 5040))) \
+         + r8 * (((1.0 / 40320 + r * (1.0 / 362880)) + r2 * (1.0 / 3628800 + r * (1.0 / 39916800)))        \
+                 + r4 * (1.0 / 479001600 + r * (1.0 / 6227020800.0)));                                       \
+    V y = p * (V)e;                                                                                          \
+    y = (V)((VI)y & ~under);                                                                                 \
+    if (__builtin_expect(ANY(over, U) != 0, 0))                                                              \
+        for (unsigned i = 0; i < sizeof x / sizeof x[0]; i++) if (over[i]) y[i] = exp(x[i]);               \
+    return y;                                                                                                \
 }
+
+EXP_F32(exp_f32, vf, vif, vu64, )
+EXP_F64(exp_f64, vd, vid, vu64, )
 
 /* The instruction sets: SSE2 (x86-64's baseline, or another CPU's own) and, on x86-64, AVX2 with
  * FMA and AVX-512 (an extension compiles its loops once per set, with TARGET's attribute). The vectors
@@ -71,6 +79,14 @@ static inline __attribute__((always_inline)) vd exp_f64(vd x) {
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 #define ISAS_X86 1
+/* AVX-512's own width, for loops whose rows are a multiple of it (the scans'): 16 floats / 8 doubles */
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vif16 __attribute__((vector_size(64)));
+typedef double vd8 __attribute__((vector_size(64)));
+typedef int64_t vid8 __attribute__((vector_size(64)));
+typedef uint64_t vu64x8 __attribute__((vector_size(64)));
+EXP_F32(exp_f32x16, vf16, vif16, vu64x8, AVX512)
+EXP_F64(exp_f64x8, vd8, vid8, vu64x8, AVX512)
 static const char *const ISA_NAMES[] = {"sse2", "avx2+fma", "avx512"};
 
 /* whether the CPU runs instruction set i */
