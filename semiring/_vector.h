@@ -29,14 +29,12 @@ typedef uint64_t vu64 __attribute__((vector_size(32)));
 #define EXP_F32(NAME, V, VI, U, ATTR)                                                                        \
 ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
     const V zero = {0}, lo = zero + -87.3f, hi = zero + 88.0f;                                               \
-    const VI under = x < lo, over = x > hi;                                                                  \
-    V c = (V)(((VI)lo & under) | ((VI)x & ~under));                                                          \
-    c = (V)(((VI)hi & over) | ((VI)c & ~over));                                                              \
+    const VI under = x < lo, over = x > hi; /* (their lanes' garbage, -inf's NaN included, is replaced below) */ \
     const V magic = zero + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */                     \
-    V fx = c * 1.44269504088896341f + magic;                                                                 \
+    V fx = x * 1.44269504088896341f + magic;                                                                 \
     VI e = (((VI)fx - 0x4B400000) + 127) << 23;                                                              \
     V n = fx - magic;                                                                                        \
-    V r = c - n * 0.693359375f - n * -2.12194440e-4f;                                                        \
+    V r = x - n * 0.693359375f - n * -2.12194440e-4f;                                                        \
     V r2 = r * r, r4 = r2 * r2; /* Estrin's scheme: a shorter chain of dependent operations */               \
     V p = ((r + 1.0f) + r2 * (0.5f + r * (1.0f / 6))) + r4 * ((1.0f / 24 + r * (1.0f / 120)) + r2 * (1.0f / 720 + r * (1.0f / 5040))); \
     V y = p * (V)e;                                                                                          \
@@ -49,14 +47,12 @@ ATTR static inline __attribute__((always_inline)) V NAME(V x) {                 
 #define EXP_F64(NAME, V, VI, U, ATTR)                                                                        \
 ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
     const V zero = {0}, lo = zero + -708.0, hi = zero + 709.0;                                               \
-    const VI under = x < lo, over = x > hi;                                                                  \
-    V c = (V)(((VI)lo & under) | ((VI)x & ~under));                                                          \
-    c = (V)(((VI)hi & over) | ((VI)c & ~over));                                                              \
+    const VI under = x < lo, over = x > hi; /* (their lanes' garbage, -inf's NaN included, is replaced below) */ \
     const V magic = zero + 6755399441055744.0; /* 1.5 * 2^52 */                                              \
-    V fx = c * 1.4426950408889634074 + magic;                                                                \
+    V fx = x * 1.4426950408889634074 + magic;                                                                \
     VI e = (((VI)fx - 0x4338000000000000LL) + 1023) << 52;                                                   \
     V n = fx - magic;                                                                                        \
-    V r = c - n * 6.93145751953125e-1 - n * 1.42860682030941723212e-6;                                       \
+    V r = x - n * 6.93145751953125e-1 - n * 1.42860682030941723212e-6;                                       \
     V r2 = r * r, r4 = r2 * r2, r8 = r4 * r4; /* Estrin's scheme, coefficients 1/k! */                       \
     V p = ((r + 1.0) + r2 * (1.0 / 2 + r * (1.0 / 6))) + r4 * ((1.0 / 24 + r * (1.0 / 120)) + r2 * (1.0 / 720 + r * (1.0 / 5040))) \
          + r8 * (((1.0 / 40320 + r * (1.0 / 362880)) + r2 * (1.0 / 3628800 + r * (1.0 / 39916800)))        \
