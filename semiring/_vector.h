@@ -23,10 +23,10 @@ typedef int64_t vid __attribute__((vector_size(32)));
 typedef uint64_t vu64 __attribute__((vector_size(32)));
 #define LANES_f32 8
 #define LANES_f64 4
-/* whether any lane of a comparison's mask is set, without a branch per lane (U: the unsigned 64-bit vector of its size) */
-#define ANY(mask, U) ({ const U any_ = (U)(mask); uint64_t r_ = 0; for (unsigned i_ = 0; i_ < sizeof any_ / 8; i_++) r_ |= any_[i_]; r_; })
+/* whether any lane of a 32-byte comparison's mask is set, without a branch per lane */
+static inline __attribute__((always_inline)) int any_x4(vu64 m) { return (m[0] | m[1] | m[2] | m[3]) != 0; }
 
-#define EXP_F32(NAME, V, VI, U, ATTR)                                                                        \
+#define EXP_F32(NAME, V, VI, ANY, ATTR)                                                                      \
 ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
     const V zero = {0}, lo = zero + -87.3f, hi = zero + 88.0f;                                               \
     const VI under = x < lo, over = x > hi; /* (their lanes' garbage, -inf's NaN included, is replaced below) */ \
@@ -39,12 +39,12 @@ ATTR static inline __attribute__((always_inline)) V NAME(V x) {                 
     V p = ((r + 1.0f) + r2 * (0.5f + r * (1.0f / 6))) + r4 * ((1.0f / 24 + r * (1.0f / 120)) + r2 * (1.0f / 720 + r * (1.0f / 5040))); \
     V y = p * (V)e;                                                                                          \
     y = (V)((VI)y & ~under);                                                                                 \
-    if (__builtin_expect(ANY(over, U) != 0, 0))                                                              \
+    if (__builtin_expect(ANY(over), 0))                                                                      \
         for (unsigned i = 0; i < sizeof x / sizeof x[0]; i++) if (over[i]) y[i] = expf(x[i]);              \
     return y;                                                                                                \
 }
 
-#define EXP_F64(NAME, V, VI, U, ATTR)                                                                        \
+#define EXP_F64(NAME, V, VI, ANY, ATTR)                                                                      \
 ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
     const V zero = {0}, lo = zero + -708.0, hi = zero + 709.0;                                               \
     const VI under = x < lo, over = x > hi; /* (their lanes' garbage, -inf's NaN included, is replaced below) */ \
@@ -59,19 +59,21 @@ ATTR static inline __attribute__((always_inline)) V NAME(V x) {                 
                  + r4 * (1.0 / 479001600 + r * (1.0 / 6227020800.0)));                                       \
     V y = p * (V)e;                                                                                          \
     y = (V)((VI)y & ~under);                                                                                 \
-    if (__builtin_expect(ANY(over, U) != 0, 0))                                                              \
+    if (__builtin_expect(ANY(over), 0))                                                                      \
         for (unsigned i = 0; i < sizeof x / sizeof x[0]; i++) if (over[i]) y[i] = exp(x[i]);               \
     return y;                                                                                                \
 }
 
-EXP_F32(exp_f32, vf, vif, vu64, )
-EXP_F64(exp_f64, vd, vid, vu64, )
+#define ANY_X4(mask) any_x4((vu64)(mask))
+EXP_F32(exp_f32, vf, vif, ANY_X4, )
+EXP_F64(exp_f64, vd, vid, ANY_X4, )
 
 /* The instruction sets: SSE2 (x86-64's baseline, or another CPU's own) and, on x86-64, AVX2 with
  * FMA and AVX-512 (an extension compiles its loops once per set, with TARGET's attribute). The vectors
  * stay 32 bytes wide; AVX2 holds one in a register, FMA fuses the polynomials' multiply-adds (one
  * rounding per term), AVX-512 adds 32 registers and masks */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
 #define AVX2 __attribute__((target("avx2,fma")))
 #define AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 #define ISAS_X86 1
@@ -80,9 +82,11 @@ typedef float vf16 __attribute__((vector_size(64)));
 typedef int32_t vif16 __attribute__((vector_size(64)));
 typedef double vd8 __attribute__((vector_size(64)));
 typedef int64_t vid8 __attribute__((vector_size(64)));
-typedef uint64_t vu64x8 __attribute__((vector_size(64)));
-EXP_F32(exp_f32x16, vf16, vif16, vu64x8, AVX512)
-EXP_F64(exp_f64x8, vd8, vid8, vu64x8, AVX512)
+/* (AVX-512's mask test: extracting and or-ing eight 64-bit lanes took a sixth of the scans' forward) */
+AVX512 static inline __attribute__((always_inline)) int any_x8(__m512i m) { return _mm512_test_epi64_mask(m, m) != 0; }
+#define ANY_X8(mask) any_x8((__m512i)(mask))
+EXP_F32(exp_f32x16, vf16, vif16, ANY_X8, AVX512)
+EXP_F64(exp_f64x8, vd8, vid8, ANY_X8, AVX512)
 static const char *const ISA_NAMES[] = {"sse2", "avx2+fma", "avx512"};
 
 /* whether the CPU runs instruction set i */
