@@ -106,9 +106,10 @@ TARGET static void log_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *roo
         }                                                                                                   \
         if (a->flags & KEEP) for (int64_t c = 0; c < K; c++) ((R *)a->sums)[(b * N + t) * K + c] = s[c];    \
         const R *u = a->flags & UNARY ? (const R *)a->unary + b * a->su[0] + t * a->su[1] : NULL;           \
+        for (int64_t c = 0; c < KP; c += LANES)                                                             \
+            store_##SUFFIX##ISA(e + c, load_##SUFFIX##ISA(m + c) + LOG(load_##SUFFIX##ISA(s + c)));         \
         R top = -INFINITY;                                                                                  \
         for (int64_t c = 0; c < K; c++) {                                                                   \
-            e[c] = m[c] + LOG(s[c]);                                                                        \
             if (u) e[c] += u[c * a->su[2]];                                                                 \
             top = e[c] > top ? e[c] : top;                                                                  \
         }                                                                                                   \
@@ -216,8 +217,8 @@ TARGET static void max_backward_##SUFFIX##ISA(const Args *a, int64_t b, void *ro
 }
 
 #define ALL_SCANS(ISA, TARGET)                                                             \
-    FORWARD_SCANS(double, vd, vid, LANES_f64, exp_f64, f64, -DBL_MAX, log, ISA, TARGET)    \
-    FORWARD_SCANS(float, vf, vif, LANES_f32, exp_f32, f32, -FLT_MAX, logf, ISA, TARGET)    \
+    FORWARD_SCANS(double, vd, vid, LANES_f64, exp_f64, f64, -DBL_MAX, log_f64, ISA, TARGET)    \
+    FORWARD_SCANS(float, vf, vif, LANES_f32, exp_f32, f32, -FLT_MAX, log_f32, ISA, TARGET)    \
     BACKWARD_SCANS(double, vd, vid, LANES_f64, f64, ISA, TARGET)                           \
     BACKWARD_SCANS(float, vf, vif, LANES_f32, f32, ISA, TARGET)
 ALL_SCANS(_base, )
@@ -225,8 +226,8 @@ ALL_SCANS(_base, )
 ALL_SCANS(_avx2, AVX2)
 ALL_SCANS(_avx512, AVX512)
 /* the forward loops at AVX-512's own width, where a row of K (padded to PAD_TO) is whole vectors of it */
-FORWARD_SCANS(double, vd8, vid8, 8, exp_f64x8, f64, -DBL_MAX, log, _avx512w, AVX512)
-FORWARD_SCANS(float, vf16, vif16, 16, exp_f32x16, f32, -FLT_MAX, logf, _avx512w, AVX512)
+FORWARD_SCANS(double, vd8, vid8, 8, exp_f64x8, f64, -DBL_MAX, log_f64x8, _avx512w, AVX512)
+FORWARD_SCANS(float, vf16, vif16, 16, exp_f32x16, f32, -FLT_MAX, log_f32x16, _avx512w, AVX512)
 #endif
 
 typedef void Example(const Args *a, int64_t b, void *scratch);

@@ -64,9 +64,52 @@ ATTR static inline __attribute__((always_inline)) V NAME(V x) {                 
     return y;                                                                                                \
 }
 
+/* log of 8 floats / 4 doubles at a time (LOG_F32 and LOG_F64 define it for a vector type of any width, as
+ * EXP_F32 does): x = 2^k m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s) = 2s + s R(s^2), s = (m-1)/(m+1),
+ * |s| <= 0.172, R's Taylor series to s^8 (float) / s^20 (double), summed as fdlibm does (2s = f - f^2/2 + s f^2/2,
+ * f = m - 1 exact: the division's rounding only in the small terms), k ln 2 in two parts: within an ulp of libm's. 0 gives -inf; subnormal, infinite, negative and NaN lanes are recomputed by libm. */
+#define LOG_F32(NAME, V, VI, ANY, ATTR)                                                                      \
+ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
+    const V zero = {0};                                                                                      \
+    const VI bits = (VI)x, big_m = ((bits & 0x007fffff) | 0x3f800000) > 0x3fb504f3; /* m > sqrt 2 */         \
+    const V m = (V)((bits & 0x007fffff) | (0x3f800000 - (big_m & 0x00800000))); /* halved where big */    \
+    const V k = __builtin_convertvector(((bits >> 23) & 0xff) - 127 - big_m, V);                             \
+    const V f = m - 1.0f, s = f / (f + 2.0f), z = s * s;                                                    \
+    const V R = z * (2.0f / 3 + z * (2.0f / 5 + z * (2.0f / 7 + z * (2.0f / 9))));                          \
+    const V hfsq = 0.5f * f * f;                                                                             \
+    V y = k * 0.693359375f - ((hfsq - (s * (hfsq + R) + k * -2.12194440e-4f)) - f);                          \
+    const VI zeros = x == zero, odd = ~(((x >= zero + 1.17549435e-38f) & (x <= zero + 3.40282347e38f)) | zeros); \
+    y = (V)(((VI)(zero - INFINITY) & zeros) | ((VI)y & ~zeros));                                             \
+    if (__builtin_expect(ANY(odd), 0))                                                                       \
+        for (unsigned i = 0; i < sizeof x / sizeof x[0]; i++) if (odd[i]) y[i] = logf(x[i]);               \
+    return y;                                                                                                \
+}
+
+#define LOG_F64(NAME, V, VI, ANY, ATTR)                                                                      \
+ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
+    const V zero = {0};                                                                                      \
+    const VI bits = (VI)x, mb = (bits & 0x000fffffffffffffLL) | 0x3ff0000000000000LL;                          \
+    const VI big_m = mb > 0x3ff6a09e667f3bccLL; /* m > sqrt 2 */                                             \
+    const V m = (V)(mb - (big_m & 0x0010000000000000LL)); /* halved where big */                             \
+    /* k as a double without a 64-bit integer conversion: the exponent bits below 2^52's mantissa */         \
+    const V k = (V)(((bits >> 52) & 0x7ff) | 0x4330000000000000LL) - (4503599627370496.0 + 1023) + (V)(big_m & 0x3ff0000000000000LL); \
+    const V f = m - 1.0, s = f / (f + 2.0), z = s * s;                                                      \
+    const V R = z * (2.0 / 3 + z * (2.0 / 5 + z * (2.0 / 7 + z * (2.0 / 9 + z * (2.0 / 11 + z * (2.0 / 13       \
+              + z * (2.0 / 15 + z * (2.0 / 17 + z * (2.0 / 19 + z * (2.0 / 21))))))))));                      \
+    const V hfsq = 0.5 * f * f;                                                                              \
+    V y = k * 6.93147180369123816490e-01 - ((hfsq - (s * (hfsq + R) + k * 1.90821492927058770002e-10)) - f); \
+    const VI zeros = x == zero, odd = ~(((x >= zero + 2.2250738585072014e-308) & (x <= zero + 1.7976931348623157e308)) | zeros); \
+    y = (V)(((VI)(zero - INFINITY) & zeros) | ((VI)y & ~zeros));                                             \
+    if (__builtin_expect(ANY(odd), 0))                                                                       \
+        for (unsigned i = 0; i < sizeof x / sizeof x[0]; i++) if (odd[i]) y[i] = log(x[i]);                \
+    return y;                                                                                                \
+}
+
 #define ANY_X4(mask) any_x4((vu64)(mask))
 EXP_F32(exp_f32, vf, vif, ANY_X4, )
 EXP_F64(exp_f64, vd, vid, ANY_X4, )
+LOG_F32(log_f32, vf, vif, ANY_X4, )
+LOG_F64(log_f64, vd, vid, ANY_X4, )
 
 /* The instruction sets: SSE2 (x86-64's baseline, or another CPU's own) and, on x86-64, AVX2 with
  * FMA and AVX-512 (an extension compiles its loops once per set, with TARGET's attribute). The vectors
@@ -87,6 +130,8 @@ AVX512 static inline __attribute__((always_inline)) int any_x8(__m512i m) { retu
 #define ANY_X8(mask) any_x8((__m512i)(mask))
 EXP_F32(exp_f32x16, vf16, vif16, ANY_X8, AVX512)
 EXP_F64(exp_f64x8, vd8, vid8, ANY_X8, AVX512)
+LOG_F32(log_f32x16, vf16, vif16, ANY_X8, AVX512)
+LOG_F64(log_f64x8, vd8, vid8, ANY_X8, AVX512)
 static const char *const ISA_NAMES[] = {"sse2", "avx2+fma", "avx512"};
 
 /* whether the CPU runs instruction set i */
