@@ -96,23 +96,34 @@ TARGET static void log_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *roo
         const R *x = (const R *)a->xs + b * a->sx[0] + t * a->sx[1];                                        \
         terms_##SUFFIX##ISA(a, x, d, tile, m, 1);                                                           \
         R *w = a->flags & KEEP ? (R *)a->weights + ((b * N + t) * K) * KP : tile;                           \
-        for (int64_t c = 0; c < KP; c += LANES) store_##SUFFIX##ISA(s + c, (V){0});               \
-        for (int64_t y = 0; y < K; y++) {                                                                   \
-            for (int64_t c = 0; c < KP; c += LANES) {                                             \
-                V v = EXP(load_##SUFFIX##ISA(tile + y * KP + c) - load_##SUFFIX##ISA(m + c));      \
+        for (int64_t c = 0; c < KP; c += LANES) { /* (a column's sum in a register: in memory, each add waited for the last store) */ \
+            const V mc = load_##SUFFIX##ISA(m + c);                                                         \
+            V sum = {0};                                                                                    \
+            for (int64_t y = 0; y < K; y++) {                                                               \
+                const V v = EXP(load_##SUFFIX##ISA(tile + y * KP + c) - mc);                                \
                 store_##SUFFIX##ISA(w + y * KP + c, v);                                                     \
-                store_##SUFFIX##ISA(s + c, load_##SUFFIX##ISA(s + c) + v);                                  \
+                sum += v;                                                                                   \
             }                                                                                               \
+            store_##SUFFIX##ISA(s + c, sum);                                                                \
         }                                                                                                   \
         if (a->flags & KEEP) for (int64_t c = 0; c < K; c++) ((R *)a->sums)[(b * N + t) * K + c] = s[c];    \
         const R *u = a->flags & UNARY ? (const R *)a->unary + b * a->su[0] + t * a->su[1] : NULL;           \
         for (int64_t c = 0; c < KP; c += LANES)                                                             \
             store_##SUFFIX##ISA(e + c, load_##SUFFIX##ISA(m + c) + LOG(load_##SUFFIX##ISA(s + c)));         \
-        R top = -INFINITY;                                                                                  \
-        for (int64_t c = 0; c < K; c++) {                                                                   \
-            if (u) e[c] += u[c * a->su[2]];                                                                 \
-            top = e[c] > top ? e[c] : top;                                                                  \
+        if (u) for (int64_t c = 0; c < K; c++) e[c] += u[c * a->su[2]];                                    \
+        /* their max (NaN skipped; -inf past K) in a vector, then its lanes pairwise: a chain of K scalar \
+         * maxima took a tenth of the forward */                                                           \
+        V tv = (V){0} - INFINITY;                                                                           \
+        for (int64_t c = 0; c < KP; c += LANES) {                                                           \
+            const V v = load_##SUFFIX##ISA(e + c);                                                          \
+            const VI gt = v > tv;                                                                           \
+            tv = (V)(((VI)v & gt) | ((VI)tv & ~gt));                                                       \
         }                                                                                                   \
+        R lanes[LANES];                                                                                     \
+        memcpy(lanes, &tv, sizeof tv);                                                                      \
+        for (int w = LANES / 2; w >= 1; w /= 2)                                                             \
+            for (int i = 0; i < w; i++) lanes[i] = lanes[i + w] > lanes[i] ? lanes[i + w] : lanes[i];       \
+        R top = lanes[0];                                                                                   \
         R *alpha = (R *)a->alphas + (b * N + t) * K;                                                        \
         for (int64_t c = 0; c < K; c++) alpha[c] = (R)(S + e[c]);                                          \
         if (!isfinite(top)) top = 0;                                                                        \
