@@ -10,6 +10,8 @@
  * Where the backward is wanted the forward keeps w and the column sums s[c] = Σ_y w[y, c] (one number
  * per entry of xs): the backward is then products only, no exp,
  *     g = grad_t + carry,  gx_t[y, c] = w[y, c] g[c] / s[c],  carry[y] = Σ_c gx_t[y, c].
+ * The forward's per-column log(s[c]) is _vector.h's vector log, and on AVX-512 the forward runs at
+ * its own 64-byte width where a row of K is whole vectors of it (example_code).
  * Max. alpha_t[c] = max_y (alpha_{t-1}[y] + x[y, c]) + unary_t[c], the same float operations as
  * the torch calls (so the same bits); the backward is Viterbi's backtrace as a gradient: each state's
  * gradient goes to its first best predecessor.
