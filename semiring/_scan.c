@@ -123,8 +123,8 @@ TARGET static void log_forward_##SUFFIX##ISA(const Args *a, int64_t b, void *roo
         }                                                                                                   \
         R lanes[LANES];                                                                                     \
         memcpy(lanes, &tv, sizeof tv);                                                                      \
-        for (int w = LANES / 2; w >= 1; w /= 2)                                                             \
-            for (int i = 0; i < w; i++) lanes[i] = lanes[i + w] > lanes[i] ? lanes[i + w] : lanes[i];       \
+        for (int half = LANES / 2; half >= 1; half /= 2)                                                    \
+            for (int i = 0; i < half; i++) lanes[i] = lanes[i + half] > lanes[i] ? lanes[i + half] : lanes[i]; \
         R top = lanes[0];                                                                                   \
         R *alpha = (R *)a->alphas + (b * N + t) * K;                                                        \
         for (int64_t c = 0; c < K; c++) alpha[c] = (R)(S + e[c]);                                          \

@@ -105,16 +105,19 @@ def check_values(*named: tuple[str, Tensor | None]) -> None:
             low = x.masked_fill(torch.isneginf(x), math.inf).amin().item()
         largest = max(abs(top), abs(low)) if top > -math.inf else 0.0
         if largest > limit:
-            computed = torch.float64 if x.dtype == torch.float64 else torch.float32
             raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
-                             f"{computed} (at most {limit:.3g} here: rescale, or use float64)")
+                             f"{_computed_in(x)} (at most {limit:.3g} here: rescale, or use float64)")
+
+
+def _computed_in(x: Tensor) -> torch.dtype:
+    """The dtype a structure computes ``x``'s sums in: its own, float32 for half precision."""
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
 def _overflow_limit(x: Tensor) -> float:
     """The largest magnitude of ``x``'s entries whose sums, one entry per part of an example (at most
-    ``x.shape[1:]`` of them), cannot overflow the dtype they are computed in (float32 for half precision)."""
-    computed = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-    return torch.finfo(computed).max / max(1, math.prod(x.shape[1:]))
+    ``x.shape[1:]`` of them), cannot overflow the dtype they are computed in."""
+    return torch.finfo(_computed_in(x)).max / max(1, math.prod(x.shape[1:]))
 
 
 def _not_cleared(given: list[tuple[str, Tensor, float]]) -> list[tuple[str, Tensor, float]]:
