@@ -67,7 +67,8 @@ ATTR static inline __attribute__((always_inline)) V NAME(V x) {                 
 /* log of 8 floats / 4 doubles at a time (LOG_F32 and LOG_F64 define it for a vector type of any width, as
  * EXP_F32 does): x = 2^k m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s) = 2s + s R(s^2), s = (m-1)/(m+1),
  * |s| <= 0.172, R's Taylor series to s^8 (float) / s^20 (double), summed as fdlibm does (2s = f - f^2/2 + s f^2/2,
- * f = m - 1 exact: the division's rounding only in the small terms), k ln 2 in two parts: within an ulp of libm's. 0 gives -inf; subnormal, infinite, negative and NaN lanes are recomputed by libm. */
+ * f = m - 1 exact: the division's rounding only in the small terms), k ln 2 in two parts: within an ulp of
+ * libm's. 0 gives -inf; subnormal, infinite, negative and NaN lanes are recomputed by libm. */
 #define LOG_F32(NAME, V, VI, ANY, ATTR)                                                                      \
 ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
     const V zero = {0};                                                                                      \
