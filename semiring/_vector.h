@@ -21,18 +21,19 @@ typedef int32_t vif __attribute__((vector_size(32)));
 typedef double vd __attribute__((vector_size(32)));
 typedef int64_t vid __attribute__((vector_size(32)));
 typedef uint64_t vu64 __attribute__((vector_size(32)));
+typedef uint32_t vu32 __attribute__((vector_size(32)));
 #define LANES_f32 8
 #define LANES_f64 4
 /* whether any lane of a 32-byte comparison's mask is set, without a branch per lane */
 static inline __attribute__((always_inline)) int any_x4(vu64 m) { return (m[0] | m[1] | m[2] | m[3]) != 0; }
 
-#define EXP_F32(NAME, V, VI, ANY, ATTR)                                                                      \
+#define EXP_F32(NAME, V, VI, VU, ANY, ATTR)                                                                  \
 ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
     const V zero = {0}, lo = zero + -87.3f, hi = zero + 88.0f;                                               \
     const VI under = x < lo, over = x > hi; /* (their lanes' garbage, -inf's NaN included, is replaced below) */ \
     const V magic = zero + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */                     \
     V fx = x * 1.44269504088896341f + magic;                                                                 \
-    VI e = (((VI)fx - 0x4B400000) + 127) << 23;                                                              \
+    VI e = (VI)((((VU)fx - 0x4B400000u) + 127u) << 23); /* (unsigned: out-of-range lanes wrap, no overflow) */ \
     V n = fx - magic;                                                                                        \
     V r = x - n * 0.693359375f - n * -2.12194440e-4f;                                                        \
     V r2 = r * r, r4 = r2 * r2; /* Estrin's scheme: a shorter chain of dependent operations */               \
@@ -44,13 +45,13 @@ ATTR static inline __attribute__((always_inline)) V NAME(V x) {                 
     return y;                                                                                                \
 }
 
-#define EXP_F64(NAME, V, VI, ANY, ATTR)                                                                      \
+#define EXP_F64(NAME, V, VI, VU, ANY, ATTR)                                                                  \
 ATTR static inline __attribute__((always_inline)) V NAME(V x) {                                              \
     const V zero = {0}, lo = zero + -708.0, hi = zero + 709.0;                                               \
     const VI under = x < lo, over = x > hi; /* (their lanes' garbage, -inf's NaN included, is replaced below) */ \
     const V magic = zero + 6755399441055744.0; /* 1.5 * 2^52 */                                              \
     V fx = x * 1.4426950408889634074 + magic;                                                                \
-    VI e = (((VI)fx - 0x4338000000000000LL) + 1023) << 52;                                                   \
+    VI e = (VI)((((VU)fx - 0x4338000000000000ULL) + 1023u) << 52); /* (unsigned: as above) */                \
     V n = fx - magic;                                                                                        \
     V r = x - n * 6.93145751953125e-1 - n * 1.42860682030941723212e-6;                                       \
     V r2 = r * r, r4 = r2 * r2, r8 = r4 * r4; /* Estrin's scheme, coefficients 1/k! */                       \
@@ -107,8 +108,8 @@ ATTR static inline __attribute__((always_inline)) V NAME(V x) {                 
 }
 
 #define ANY_X4(mask) any_x4((vu64)(mask))
-EXP_F32(exp_f32, vf, vif, ANY_X4, )
-EXP_F64(exp_f64, vd, vid, ANY_X4, )
+EXP_F32(exp_f32, vf, vif, vu32, ANY_X4, )
+EXP_F64(exp_f64, vd, vid, vu64, ANY_X4, )
 LOG_F32(log_f32, vf, vif, ANY_X4, )
 LOG_F64(log_f64, vd, vid, ANY_X4, )
 
@@ -126,11 +127,13 @@ typedef float vf16 __attribute__((vector_size(64)));
 typedef int32_t vif16 __attribute__((vector_size(64)));
 typedef double vd8 __attribute__((vector_size(64)));
 typedef int64_t vid8 __attribute__((vector_size(64)));
+typedef uint32_t vu32x16 __attribute__((vector_size(64)));
+typedef uint64_t vu64x8 __attribute__((vector_size(64)));
 /* (AVX-512's mask test: extracting and or-ing eight 64-bit lanes took a sixth of the scans' forward) */
 AVX512 static inline __attribute__((always_inline)) int any_x8(__m512i m) { return _mm512_test_epi64_mask(m, m) != 0; }
 #define ANY_X8(mask) any_x8((__m512i)(mask))
-EXP_F32(exp_f32x16, vf16, vif16, ANY_X8, AVX512)
-EXP_F64(exp_f64x8, vd8, vid8, ANY_X8, AVX512)
+EXP_F32(exp_f32x16, vf16, vif16, vu32x16, ANY_X8, AVX512)
+EXP_F64(exp_f64x8, vd8, vid8, vu64x8, ANY_X8, AVX512)
 LOG_F32(log_f32x16, vf16, vif16, ANY_X8, AVX512)
 LOG_F64(log_f64x8, vd8, vid8, ANY_X8, AVX512)
 static const char *const ISA_NAMES[] = {"sse2", "avx2+fma", "avx512"};
