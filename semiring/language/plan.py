@@ -243,11 +243,8 @@ def summed_variables(rule: Rule) -> list[str]:
 
 
 def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, tuple[int, ...]],
-          chart_layouts: dict[str, list[tuple[int, ...]]], longest: bool = False) -> Plan:
-    """The plan at these input sizes (a ``ProgramError`` where it cannot express them); ``longest``:
-    its goal only at the largest lengths these shapes allow, for a run whose every example has them
-    (every goal item is computed, and an alignment's goal, ``A[n-1, m-1]`` at every ``(n, m)``, is a
-    third of its items)."""
+          chart_layouts: dict[str, list[tuple[int, ...]]]) -> Plan:
+    """The plan at these input sizes (a ``ProgramError`` where it cannot express them)."""
     labels = label_dims(rules, syntax)
     boxes = extents(rules, syntax, shapes, labels)
     charts = {r.head.name: len(r.head.indices) for r in rules}
@@ -260,8 +257,6 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
             if free:
                 raise _unbounded(rule, free[0])
     boxes = _written(rules, syntax, shapes, boxes, labels)
-    if longest and syntax.lengths and boxes[GOAL].size:
-        boxes[GOAL] = Space(list(boxes[GOAL].hi), list(boxes[GOAL].hi))
     keys = {c: [c if k == 0 else f"{c}@{k}" for k in range(len(chart_layouts[c]))] for c in charts}
     stored = _stored(boxes)
     size = {key: stored[c].size for c in charts for key in keys[c]}

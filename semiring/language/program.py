@@ -181,16 +181,14 @@ class Program:
         return self.text.splitlines()[number - 1] if number else ""
 
     @eager  # host-side arithmetic on sizes: never traced into a compiled graph
-    def plan(self, shapes: dict[str, tuple[int, ...]], longest: bool = False) -> Plan:
-        """The plan at these input sizes; the last ``PLANS`` are kept. ``longest``: for a run whose
-        examples all have the largest lengths, its goal computed there only (:func:`.plan.build`)."""
-        longest = longest and bool(self.syntax.lengths)
-        key = (tuple(sorted(shapes.items())), longest)
+    def plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
+        """The plan at these input sizes; the last ``PLANS`` are kept."""
+        key = tuple(sorted(shapes.items()))
         if key in self._plans:
             self._plans.move_to_end(key)
             return self._plans[key]
         with _no_collection():
-            plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts, longest)
+            plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts)
             fuse(plan)
         self._plans[key] = plan
         if len(self._plans) > PLANS:
@@ -295,7 +293,7 @@ class Program:
         """The run of the plan for ``shapes`` on ``elements`` (memory limits checked)."""
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
-        plan = self.plan(shapes, longest=lengths is None or all(v is None for v in lengths.values()))
+        plan = self.plan(shapes)
         like = next((x for x in elements.values() if x.is_floating_point()), None)
         if like is not None:
             limits.check(plan, batch, like.element_size() * math.prod(like.shape[:semiring.extra]))
