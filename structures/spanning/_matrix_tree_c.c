@@ -105,6 +105,32 @@ INLINE void transpose(double *restrict T, const double *restrict W, idx ldw, idx
         }
 }
 
+/* y[i] = exp(y[i] - c[i cs]) for i < len (cs 0: one shift c[0]; 1: one per entry); *flushed gains -1 in a
+ * lane per finite difference below -708 (a weight flushed to 0) */
+INLINE void exp_shifted(double *y, idx len, const double *c, idx cs, vid *flushed) {
+    const vd zero = {0}, low = zero - 708.0, none = zero - INFINITY, c0 = zero + c[0];
+    for (idx i = 0; i < len; i += LANES_f64) {
+        const idx lanes = len - i < LANES_f64 ? len - i : LANES_f64;
+        vd x = none;
+        if (lanes == LANES_f64) x = vload(y + i) - (cs ? vload(c + i) : c0);
+        else for (idx t = 0; t < lanes; t++) x[t] = y[i + t] - c[(i + t) * cs];
+        *flushed += (x < low) & (x > none);
+        const vd e = exp_f64(x);
+        if (lanes == LANES_f64) vstore(y + i, e);
+        else for (idx t = 0; t < lanes; t++) y[i + t] = e[t];
+    }
+}
+
+/* c_m: word m's max score, 0 where it has none (-inf); returns the count of +inf maxima */
+INLINE idx finish_max(double *c, idx n) {
+    idx bad = 0;
+    for (idx m = 0; m < n; m++) {
+        bad += c[m] == INFINITY;
+        c[m] = c[m] == -INFINITY ? 0.0 : c[m];
+    }
+    return bad;
+}
+
 /* The shifted weights of one example of n words: W [n+1, n+1] (row stride ldw), W[h, m] =
  * exp(theta[h, m] - c_m) for words m and heads h != m, 0 in column 0 and on the diagonal; returns
  * Σ c_m (c_m: word m's max score, 0 where it has no finite one), or NAN where the example is not
@@ -126,28 +152,67 @@ INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw
         }
         memcpy(W + h * ldw, tmp, sizeof(double) * (n + 1));
     }
+    bad += finish_max(c + 1, n);
     double shift = 0.0;
-    for (idx m = 1; m <= n; m++) {
-        bad += c[m] == INFINITY;
-        c[m] = c[m] == -INFINITY ? 0.0 : c[m];
-        shift += c[m];
-    }
+    for (idx m = 1; m <= n; m++) shift += c[m];
     c[0] = INFINITY; /* column 0 becomes exp(-inf) = 0 */
-    const vd zero = {0}, low = zero - 708.0, none = zero - INFINITY;
-    vid flushed = {0}; /* -1 per lane and weight flushed to 0 */
-    for (idx h = 0; h <= n; h++) {
-        double *row = W + h * ldw;
-        for (idx m = 0; m <= n; m += LANES_f64) {
-            const idx lanes = n + 1 - m < LANES_f64 ? n + 1 - m : LANES_f64;
-            vd x = none;
-            if (lanes == LANES_f64) x = vload(row + m) - vload(c + m);
-            else for (idx t = 0; t < lanes; t++) x[t] = row[m + t] - c[m + t];
-            flushed += (x < low) & (x > none);
-            const vd y = exp_f64(x);
-            if (lanes == LANES_f64) vstore(row + m, y);
-            else for (idx t = 0; t < lanes; t++) row[m + t] = y[t];
+    vid flushed = {0};
+    for (idx h = 0; h <= n; h++) exp_shifted(W + h * ldw, n + 1, c, 1, &flushed);
+    for (int t = 0; t < LANES_f64; t++) bad += flushed[t] != 0;
+    return bad ? NAN : shift;
+}
+
+/* load() transposed, for the elimination, which reads each word's heads: T [n, n] (T[m, h] =
+ * exp(theta[h+1, m+1] - c_m), 0 on the diagonal) and root [n] (root[m] = exp(theta[0, m+1] - c_m)),
+ * the same weights, with no [n+1, n+1] copy between; returns Σ c_m or NAN as load(). c: n scratch. */
+INLINE double load_heads(const void *theta, int f32, idx n1, idx n, double *T, double *root, double *c) {
+    /* T[m, h] = theta[h+1, m+1] in 8 x 8 tiles (see transpose()) */
+#define HEADS(TYPE)                                                                                             \
+    do {                                                                                                        \
+        const TYPE *th = (const TYPE *)theta;                                                                   \
+        for (idx m = 0; m < n; m++) root[m] = th[m + 1];                                                        \
+        for (idx h0 = 0; h0 < n; h0 += 8)                                                                       \
+            for (idx m0 = 0; m0 < n; m0 += 8) {                                                                 \
+                const idx h1 = h0 + 8 < n ? h0 + 8 : n, m1 = m0 + 8 < n ? m0 + 8 : n;                           \
+                for (idx m = m0; m < m1; m++)                                                                   \
+                    for (idx h = h0; h < h1; h++) T[m * n + h] = th[(h + 1) * n1 + m + 1];                      \
+            }                                                                                                   \
+    } while (0)
+    if (f32) HEADS(float);
+    else HEADS(double);
+#undef HEADS
+    const vd none = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    vid nans = {0}; /* -1 per lane and NaN */
+    for (idx m = 0; m < n; m++) { /* c_m, each row's max in lanes (a scalar max is a chain of dependent compares) */
+        double *row = T + m * n;
+        row[m] = -INFINITY;
+        vd best = none;
+        idx h = 0;
+        for (; h + LANES_f64 <= n; h += LANES_f64) {
+            const vd x = vload(row + h);
+            nans += x != x;
+            const vid up = x > best;
+            best = (vd)(((vid)x & up) | ((vid)best & ~up));
         }
+        double cm = root[m] > -INFINITY ? root[m] : -INFINITY;
+        nans[0] -= root[m] != root[m];
+        for (; h < n; h++) {
+            nans[0] -= row[h] != row[h];
+            cm = row[h] > cm ? row[h] : cm;
+        }
+        for (int t = 0; t < LANES_f64; t++) cm = best[t] > cm ? best[t] : cm;
+        c[m] = cm;
     }
+    idx bad = 0;
+    for (int t = 0; t < LANES_f64; t++) bad += nans[t] != 0;
+    double shift = 0.0;
+    bad += finish_max(c, n);
+    vid flushed = {0};
+    for (idx m = 0; m < n; m++) {
+        shift += c[m];
+        exp_shifted(T + m * n, n, c + m, 0, &flushed);
+    }
+    exp_shifted(root, n, c, 1, &flushed);
     for (int t = 0; t < LANES_f64; t++) bad += flushed[t] != 0;
     return bad ? NAN : shift;
 }
@@ -257,25 +322,24 @@ INLINE void panel_rows_down(double *X, idx n, idx j0, idx j1, idx k0, idx k1, co
 
 /* ------------------------------------------------------------------------------- log_partition */
 
-/* log Z of the shifted weights of one example (W [n+1, n+1], stride ldw), or NAN where a pivot is
- * below LOW; T: n*n scratch (the words' arcs transposed, T[m, h] = W[h+1, m+1]: each word's heads
- * contiguous), g, w, d: n each, P: KB * n. */
-INLINE double gth_log_partition(const double *W, idx ldw, idx n, int single_root, double *T, double *g, double *w, double *d, double *P) {
-    transpose(T, W + ldw + 1, ldw, n, 1.0);
+/* log Z of the shifted weights of one example as load_heads() leaves them (T [n, n], each word's
+ * heads contiguous, overwritten; root [n]), or NAN where a pivot is below LOW; g, w, d: n scratch
+ * each, P: KB * n. */
+INLINE double gth_log_partition(double *T, const double *root, idx n, int single_root, double *g, double *w, double *d, double *P) {
     idx c0 = 0;
     if (single_root) {
-        double best = -1.0;
-        for (idx h = 0; h < n; h++) {
-            const double s = sum(W + (h + 1) * ldw + 1, n);
-            if (s > best) { best = s; c0 = h; }
-        }
+        /* the most popular head: the largest sum of its arcs out (a column of T) */
+        for (idx h = 0; h < n; h++) d[h] = 0.0;
+        for (idx m = 0; m < n; m++)
+            for (idx h = 0; h < n; h++) d[h] += T[m * n + h];
+        for (idx h = 1; h < n; h++) c0 = d[h] > d[c0] ? h : c0;
         /* the words rooted at c0: margins are c0's arcs, c0 itself is eliminated first with pivot 1 */
         for (idx m = 0; m < n; m++) { g[m] = T[m * n + c0]; w[m] = T[c0 * n + m]; }
         for (idx j = 0; j < n; j++) { T[c0 * n + j] = 0.0; T[j * n + c0] = 0.0; }
         g[c0] = 1.0;
         w[c0] = 0.0;
     } else {
-        for (idx m = 0; m < n; m++) g[m] = W[m + 1];
+        memcpy(g, root, sizeof(double) * n);
     }
     double logdet = 0.0;
     for (idx k0 = 0; k0 < n; k0 += KB) {
@@ -311,9 +375,9 @@ INLINE double gth_log_partition(const double *W, idx ldw, idx n, int single_root
         const double x = w[j];
         for (idx k = 0; k < j; k++) w[k] += up[k] * x;
     }
-    double q = W[c0 + 1];
+    double q = root[c0];
     for (idx c = 0; c < n; c++)
-        if (c != c0) q += W[c + 1] * w[c];
+        if (c != c0) q += root[c] * w[c];
     if (!(q >= LOW) || q == INFINITY) return NAN;
     return logdet + log(q);
 }
@@ -528,16 +592,16 @@ static int check(Args *a, int with_mu) {
 INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1) {
     const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
-    double *buf = malloc(sizeof(double) * (n1 * n1 + N * N + (5 + KB) * n1));
+    double *buf = malloc(sizeof(double) * (N * N + (5 + KB) * n1));
     if (!buf) return 0;
-    double *W = buf, *T = W + n1 * n1, *g = T + N * N, *w = g + n1, *d = w + n1, *tmp = d + n1, *c = tmp + n1, *P = c + n1;
+    double *T = buf, *root = T + N * N, *g = root + n1, *w = g + n1, *d = w + n1, *c = d + n1, *P = c + n1;
     const int64_t *lengths = a->lengths.buf;
     const char *theta = a->theta.buf;
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
     for (idx b = b0; b < b1; b++) {
         const idx n = a->lengths.len ? lengths[b] : N;
-        const double shift = load(theta + b * stride, a->f32, n1, n, W, n + 1, tmp, c);
-        const double z = isnan(shift) ? NAN : gth_log_partition(W, n + 1, n, a->single_root, T, g, w, d, P);
+        const double shift = load_heads(theta + b * stride, a->f32, n1, n, T, root, c);
+        const double z = isnan(shift) ? NAN : gth_log_partition(T, root, n, a->single_root, g, w, d, P);
         ((uint8_t *)a->ok.buf)[b] = !isnan(z);
         ((double *)a->logz.buf)[b] = z + shift;
     }
