@@ -36,7 +36,7 @@ static int split_batch(PartFn *fn, const void *args, int64_t B, int64_t parts) {
     if (!THREADED) parts = 1;
     if (parts > B) parts = B;
     if (parts > MAX_PARTS) parts = MAX_PARTS;
-    if (parts < 1) parts = 1;
+    if (parts <= 1) return fn(args, 0, B); /* on the calling thread, without a parallel region */
     Part p[MAX_PARTS];
     for (int64_t i = 0; i < parts; i++) p[i] = (Part){fn, args, B * i / parts, B * (i + 1) / parts, 0};
 #pragma omp parallel for schedule(static, 1) num_threads(parts)

@@ -22,7 +22,8 @@
  * Both take theta, a C-contiguous float32 or float64 [B, n1, n1] buffer (theta[b, h, m]: the arc
  * h -> m, row 0 the root; column 0 and the diagonal are ignored), lengths (int64 [B], 1..n1-1
  * words: example b is its leading (lengths[b]+1)^2 block, padding contributes nothing; empty:
- * every example n1-1 words), and write float64 logz [B] and uint8 ok [B]; marginals also writes
+ * every example n1-1 words), write float64 logz [B] and uint8 (or bool) ok [B], and return the number of
+ * examples not ok; marginals also writes
  * float64 mu [B, n1, n1] (0 off each example's arcs). Each word's scores are shifted by their max before exp: the weights lie in
  * [0, 1], the exp (_vector.h's) is within a few ulps, and the shift's rounding is below 708 u relative;
  * an example with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
@@ -585,7 +586,7 @@ static int check(Args *a, int with_mu) {
     }
     if (!good)
         PyErr_SetString(PyExc_ValueError, "expected theta float32/float64 [B, n1, n1], int64 lengths [B] in 1..n1-1 (or empty), "
-                                          "float64 logz [B], uint8 ok [B] (and float64 mu [B, n1, n1])");
+                                          "float64 logz [B], uint8 or bool ok [B] (and float64 mu [B, n1, n1])");
     return good;
 }
 
@@ -673,7 +674,12 @@ static PyObject *entry(PyObject *args, int with_mu) {
         Py_BEGIN_ALLOW_THREADS
         ran = split_batch(RUN[isa][with_mu], &a, a.B, parts);
         Py_END_ALLOW_THREADS
-        if (!ran) PyErr_NoMemory(); else result = Py_None, Py_INCREF(Py_None);
+        if (!ran) PyErr_NoMemory();
+        else {
+            idx failed = 0;
+            for (idx b = 0; b < a.B; b++) failed += !((const uint8_t *)a.ok.buf)[b];
+            result = PyLong_FromSsize_t(failed);
+        }
     }
     release(&a, with_mu);
     return result;
@@ -686,10 +692,10 @@ static PyObject *marginals(PyObject *self, PyObject *args) { return entry(args, 
 static PyMethodDef methods[] = {
     {"log_partition", log_partition, METH_VARARGS,
      "log_partition(theta, is_float32, B, n1, lengths, single_root, logz, ok, parts): exact log Z, in place, the batch in parts "
-     "on as many threads."},
+     "on as many threads; returns how many examples are not ok."},
     {"marginals", marginals, METH_VARARGS,
      "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu, parts): certified log Z and marginals, in place, "
-     "the batch in parts on as many threads."},
+     "the batch in parts on as many threads; returns how many examples are not ok."},
     ISA_METHODS
     {NULL, NULL, 0, NULL},
 };

@@ -276,11 +276,12 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
                 _exact_rows(x, lengths, single_root, rows, logZ, mu)
         return logZ, mu
     if fast and _matrix_tree_c is not None and dev.type == "cpu":
-        logZ, mu, ok = _in_c(x, lengths, single_root, marginals)
+        logZ, mu, ok, failed = _in_c(x, lengths, single_root, marginals)
     elif fast:
         logZ, mu, ok = _fast(x, single_root, marginals, _masks(N1 - 1, lengths, dev))
+        failed = not bool(ok.all())
     if fast:
-        if bool(ok.all()):
+        if not failed:
             if info is not None:
                 info["method"] = ["fast"] * B
                 info["certified"] = ok
@@ -390,8 +391,9 @@ def _shifted(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
     return out, c
 
 
-def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool) -> tuple[Tensor, Tensor | None, Tensor]:
-    """``(log Z [B], μ [B, N+1, N+1] or None, ok [B])`` on the CPU by the C extension
+def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool,
+          marginals: bool) -> tuple[Tensor, Tensor | None, Tensor, int]:
+    """``(log Z [B], μ [B, N+1, N+1] or None, ok [B], how many not ok)`` on the CPU by the C extension
     (``_matrix_tree_c.c``), every example at its own length: log Z alone by the subtraction-free
     elimination (exact at any scale, no certificate), with the marginals by the certified path of
     :mod:`structures.spanning._certified` (the same factorization and bound); not ok where that bound does not
@@ -402,15 +404,13 @@ def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool)
     t = t.contiguous()
     n = b"" if lengths is None else lengths.to(torch.int64).contiguous().numpy()  # empty: every example N words
     logZ = torch.empty(B, dtype=torch.float64)
-    ok = torch.empty(B, dtype=torch.uint8)
+    ok = torch.empty(B, dtype=torch.bool)
     parts = max(1, min(torch.get_num_threads(), B, B * (N1 - 1) ** 3 // _THREAD_WORK))
     args = (t.numpy(), t.dtype == torch.float32, B, N1, n, single_root, logZ.numpy(), ok.numpy())
     if not marginals:
-        _matrix_tree_c.log_partition(*args, parts)
-        return logZ, None, ok.view(torch.bool)
+        return logZ, None, ok, _matrix_tree_c.log_partition(*args, parts)
     mu = torch.empty(B, N1, N1, dtype=torch.float64)
-    _matrix_tree_c.marginals(*args, mu.numpy(), parts)
-    return logZ, mu, ok.view(torch.bool)
+    return logZ, mu, ok, _matrix_tree_c.marginals(*args, mu.numpy(), parts)
 
 
 _THREAD_WORK = 1 << 20
