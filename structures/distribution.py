@@ -72,6 +72,7 @@ class StructuredDistribution(Distribution):
         self._input = self.potentials or self.program.inputs[0]
         self._lookups = {k: v for k, v in (shared or {}).items() if k in self.program.lookups}
         self._shared = {k: v for k, v in (shared or {}).items() if k not in self._lookups}
+        self._at_largest = lengths is None and mask is None  # (which plan the checks make: the one the runs take)
         super().__init__(log_potentials, lengths, mask=mask)
         self._shared = {k: as_given(v.to(self._theta.dtype)) for k, v in self._shared.items()}
 
@@ -84,7 +85,7 @@ class StructuredDistribution(Distribution):
         """The per-example shapes of the program's inputs (``ValueError`` unless they admit a structure)."""
         _, self._shapes = self.program.shapes({self._input: self._theta, **self._shared, **self._lookups})
         try:
-            empty = self.program.lengths_allowed(self._shapes).size == 0
+            empty = self.program.lengths_allowed(self._shapes, self._at_largest).size == 0
         except sr.ProgramError:  # a size 0 can leave an index without bounds
             if all(all(shape) for shape in self._shapes.values()):
                 raise

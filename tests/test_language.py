@@ -11,6 +11,7 @@ from torch.testing import assert_close
 
 import semiring as sr
 from brute import Enumeration, binary_trees, projective_trees, random_lengths, random_potentials
+from structures import AlignmentCRF, LinearChainCRF, ProjectiveDependencyCRF, SemiMarkovCRF
 
 EISNER = """
 C[s, s, d]  = 1
@@ -481,3 +482,41 @@ def test_programs_run_on_the_device_of_their_inputs(semiring):
     ctc = sr.program(CTC)
     assert_close(ctc(semiring, logp=logp.cuda(), first=first.cuda(), skip=skip.cuda(), ext=ext.cuda()).cpu(),
                  ctc(semiring, logp=logp, first=first, skip=skip, ext=ext))
+
+
+@pytest.mark.parametrize("make, theta", [
+    (AlignmentCRF, (3, 5, 4)), (LinearChainCRF, (3, 6, 3, 3)), (ProjectiveDependencyCRF, (3, 6, 6)), (SemiMarkovCRF, (3, 7, 3, 3, 3)),
+], ids=["alignment (n and m)", "chain", "projective", "semi-Markov"])
+@pytest.mark.parametrize("semiring", [sr.Log, sr.Max], ids=str)
+def test_a_run_without_lengths_computes_its_goal_at_the_largest_lengths_only(make, theta, semiring):
+    """The same values and gradients as with every length given at its largest (a plan whose goal is
+    at every length), from a plan whose goal box is the largest lengths alone."""
+    x = torch.randn(*theta, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x[0].view(-1)[::5] = -math.inf
+    plain = make(x)
+    full = make(x, plain.lengths)  # the same lengths, given
+    assert plain._lengths is None and full._lengths is not None
+    program = plain.program
+    for d in (plain, full):
+        d.run(semiring)
+        assert (next(reversed(program._plans.values())).boxes["goal"].size == 1) is (d is plain)
+    assert torch.equal(plain.run(semiring), full.run(semiring))
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    grads = [torch.autograd.grad(make(xi, *([] if d is plain else [plain.lengths])).run(semiring).sum(), xi)[0]
+             for xi, d in zip(xs, (plain, full))]
+    assert torch.equal(grads[0], grads[1])
+
+
+@pytest.mark.parametrize("make, theta, lengths", [
+    (AlignmentCRF, (2, 5, 4), (torch.tensor([5, 3]), torch.tensor([4, 2]))), (LinearChainCRF, (2, 6, 3, 3), torch.tensor([7, 4])),
+], ids=["alignment (n and m)", "chain"])
+@pytest.mark.parametrize("given", [False, True], ids=["without lengths", "with lengths"])
+def test_checking_and_running_a_structure_make_one_plan(make, theta, lengths, given, monkeypatch):
+    """The checks read the lengths the shapes allow from the plan the runs take (its goal at every
+    length where lengths are given, at the largest alone where not): one plan at a new shape."""
+    program = make(torch.randn(*theta)).program
+    monkeypatch.setattr(program, "_plans", type(program._plans)())
+    d = make(torch.randn(*theta), lengths if given else None)
+    d.marginals, d.log_partition, d.argmax
+    (key,) = program._plans
+    assert key[1] is not given

@@ -195,6 +195,7 @@ class Plan:
     goal: list[Step]  # the goal's steps
     lengths: np.ndarray  # the values of n the goal is defined at (one 0 without n)
     length_names: list[str]  # the goal's dimensions: n, and m where the program has it
+    allowed: Space  # the goal's box at every length (boxes[GOAL] is its largest lengths alone in a plan for them)
     size: dict[str, int] = field(default_factory=dict)  # buffer key -> number of positions
     scans: dict[int, Scan] = field(default_factory=dict)  # first level -> a run of chain levels
     looked_up: dict[str, int] = field(default_factory=dict)  # integer input -> the largest index it may hold
@@ -243,8 +244,12 @@ def summed_variables(rule: Rule) -> list[str]:
 
 
 def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, tuple[int, ...]],
-          chart_layouts: dict[str, list[tuple[int, ...]]]) -> Plan:
-    """The plan at these input sizes (a ``ProgramError`` where it cannot express them)."""
+          chart_layouts: dict[str, list[tuple[int, ...]]], longest: bool = False) -> Plan:
+    """The plan at these input sizes (a ``ProgramError`` where it cannot express them); ``longest``:
+    its goal only at the largest lengths these shapes allow, for a run whose every example has them
+    (every goal item is computed: an alignment's ``A[n-1, m-1]`` at every ``(n, m)`` is a third of
+    its items, a chain's goal ``N C`` terms where one length needs ``C``). Either plan tells the
+    lengths allowed (:attr:`Plan.lengths`, :attr:`Plan.allowed`)."""
     labels = label_dims(rules, syntax)
     boxes = extents(rules, syntax, shapes, labels)
     charts = {r.head.name: len(r.head.indices) for r in rules}
@@ -257,6 +262,9 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
             if free:
                 raise _unbounded(rule, free[0])
     boxes = _written(rules, syntax, shapes, boxes, labels)
+    allowed = boxes[GOAL]
+    if longest and syntax.lengths and allowed.size:
+        boxes[GOAL] = Space(list(allowed.hi), list(allowed.hi))
     keys = {c: [c if k == 0 else f"{c}@{k}" for k in range(len(chart_layouts[c]))] for c in charts}
     stored = _stored(boxes)
     size = {key: stored[c].size for c in charts for key in keys[c]}
@@ -281,9 +289,10 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
                     here.append(f.at(int(j)))
             steps.append(_writers(here))
     goal = _writers([f.at(0) for f in forms if f.chart == GOAL])
+    if longest and not goal and allowed.size:  # (no goal at the largest lengths: the plan of every length tells where)
+        return build(rules, syntax, levels, shapes, chart_layouts)
     if syntax.lengths:
-        box = boxes[GOAL]
-        lengths = np.arange(box.lo[0], box.hi[0] + 1) if box.size else np.zeros(0, dtype=np.int64)
+        lengths = np.arange(allowed.lo[0], allowed.hi[0] + 1) if allowed.size else np.zeros(0, dtype=np.int64)
     else:
         lengths = np.zeros(1 if goal else 0, dtype=np.int64)
     if not goal:
@@ -294,7 +303,7 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
             for d, ix in enumerate(t.indices):
                 if isinstance(ix, Lookup):
                     looked_up[ix.name] = min(looked_up.get(ix.name, math.inf), shapes[t.name][d] - 1)
-    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, list(syntax.lengths), size,
+    return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, list(syntax.lengths), allowed, size,
                 _scans(steps, shapes), looked_up)
 
 

@@ -181,27 +181,37 @@ class Program:
         return self.text.splitlines()[number - 1] if number else ""
 
     @eager  # host-side arithmetic on sizes: never traced into a compiled graph
-    def plan(self, shapes: dict[str, tuple[int, ...]]) -> Plan:
-        """The plan at these input sizes; the last ``PLANS`` are kept."""
-        key = tuple(sorted(shapes.items()))
+    def plan(self, shapes: dict[str, tuple[int, ...]], longest: bool = False) -> Plan:
+        """The plan at these input sizes; the last ``PLANS`` are kept. ``longest``: for a run whose
+        examples all have the largest lengths, its goal computed there only (:func:`.plan.build`)."""
+        key = (tuple(sorted(shapes.items())), longest and bool(self.syntax.lengths))
         if key in self._plans:
             self._plans.move_to_end(key)
             return self._plans[key]
         with _no_collection():
-            plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts)
+            plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts, key[1])
             fuse(plan)
         self._plans[key] = plan
         if len(self._plans) > PLANS:
             self._plans.popitem(last=False)
         return plan
 
-    def lengths_allowed(self, shapes: dict[str, tuple[int, ...]]) -> np.ndarray:
-        """The values of ``n`` the goal is defined at for these shapes."""
-        return self.plan(shapes).lengths
+    def _described(self, shapes: dict[str, tuple[int, ...]], longest: bool) -> Plan:
+        """A plan for these shapes, to read the lengths it allows: one already made of either kind,
+        else the one a run would make (``longest``: a run without lengths), so that checking and
+        running make one plan, not two."""
+        sizes = tuple(sorted(shapes.items()))
+        made = self._plans.get((sizes, False)) or self._plans.get((sizes, True))
+        return made if made is not None else self.plan(shapes, longest)
 
-    def length_ranges(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, int]]:
+    def lengths_allowed(self, shapes: dict[str, tuple[int, ...]], longest: bool = False) -> np.ndarray:
+        """The values of ``n`` the goal is defined at for these shapes (``longest``: a hint, for
+        a check before a run without lengths)."""
+        return self._described(shapes, longest).lengths
+
+    def length_ranges(self, shapes: dict[str, tuple[int, ...]], longest: bool = False) -> dict[str, tuple[int, int]]:
         """Per length variable (``n``, ``m``), the least and largest value these shapes allow."""
-        box = self.plan(shapes).boxes[GOAL]
+        box = self._described(shapes, longest).allowed
         return {v: (lo, hi) for v, lo, hi in zip(self.syntax.lengths, box.lo, box.hi)}
 
     def check_lengths(self, lengths, batch: int, shapes, values: bool = True):
@@ -210,7 +220,7 @@ class Program:
         names to tensors ``[B]`` (a length not given is its largest). Returns it as given, a list as
         a tensor and a small integer dtype (int8, int16, uint8) as int64.
         ``values``: also check that they are in range (reads them: a device synchronisation)."""
-        allowed = self.lengths_allowed(shapes)
+        allowed = self.lengths_allowed(shapes, _without(lengths))
         if lengths is None:
             if allowed.size == 0:
                 raise ValueError("these shapes admit no structure (the goal is never defined)")
@@ -260,7 +270,7 @@ class Program:
             return no_examples(semiring, raw)
         elements = {name: semiring.convert(x) for name, x in zip(self.inputs, raw)}
         elements.update({name: inputs[name] for name in self.lookups})
-        for name, top in self.plan(shapes).looked_up.items():
+        for name, top in self._described(shapes, _without(lengths)).looked_up.items():
             x = elements[name]
             if x.numel() and bool(((x < 0) | (x > top)).any()):
                 raise ValueError(f"{name}: holds indices, which must lie in 0..{top} (the size of what it indexes), "
@@ -293,11 +303,16 @@ class Program:
         """The run of the plan for ``shapes`` on ``elements`` (memory limits checked)."""
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
-        plan = self.plan(shapes)
+        plan = self.plan(shapes, _without(lengths))
         like = next((x for x in elements.values() if x.is_floating_point()), None)
         if like is not None:
             limits.check(plan, batch, like.element_size() * math.prod(like.shape[:semiring.extra]))
         return Run(plan, semiring, list(elements), lengths, batch, native=native(semiring, list(elements.values())))
+
+
+def _without(lengths) -> bool:
+    """Whether a run's every example has the largest lengths (none given)."""
+    return lengths is None or (isinstance(lengths, Mapping) and all(v is None for v in lengths.values()))
 
 
 def no_examples(semiring: Semiring, inputs: list[Tensor]) -> Tensor:
