@@ -13,6 +13,7 @@ import torch
 from torch.testing import assert_close
 
 import semiring as sr
+from semiring import cpu_scan
 from semiring.language import execute, kernel
 from semiring.language.reference import interpret
 from structures import ConstituencyCRF, LinearChainCRF, ProjectiveDependencyCRF
@@ -395,3 +396,32 @@ def test_two_threads_give_the_pair_steps_numbers_of_one(name):
     finally:
         torch.set_num_threads(was)
     assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
+@pytest.mark.skipif(not cpu_scan.enabled, reason="the C scan is not built")
+def test_a_level_is_packed_when_a_run_first_takes_it():
+    """The kernel packs a level when first a run takes it: none of a chain's levels the C scan runs;
+    a later run of the same plan without the scan packs them (its table then names what they
+    read), and both runs give the torch calls' values and marginals."""
+    g = torch.Generator().manual_seed(3)
+    inputs = dict(edge=potentials(g, 2 * execute.SCAN_LEVELS, 4, 4, batch=3))
+    lengths = torch.tensor([2 * execute.SCAN_LEVELS + 1, 9, 1])
+    program = sr.program(LinearChainCRF.program.text)
+
+    def value_and_marginals():
+        edge = inputs["edge"].clone().requires_grad_()
+        out = program(sr.Log, lengths=lengths, edge=edge)
+        return out.detach(), torch.autograd.grad(out.sum(), edge)[0]
+
+    scanned = value_and_marginals()
+    (plan,) = program._plans.values()
+    in_scans = {lev for scan in plan.scans.values() for lev in range(scan.start, scan.stop)}
+    assert in_scans and all(plan.packed.forward[lev] is None for lev in in_scans)
+    with cpu_scan.enabled.to(False):
+        levels = value_and_marginals()
+    assert all(plan.packed.forward[lev] is not None for lev in in_scans)
+    with kernel.disabled():
+        expected = value_and_marginals()
+    for got in (scanned, levels):
+        assert_close(got[0], expected[0])
+        assert_close(got[1], expected[1])

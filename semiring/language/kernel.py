@@ -111,7 +111,7 @@ def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semirin
     :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer does not
     fit (:meth:`.pack.Packed.fits`). ``pairs``: a Log run on pairs (value, tangent), ``[2, B or 1,
     positions]`` per key (:meth:`~.execute.Run.paired`)."""
-    levels_ = packed(plan, levels, backward_order)
+    levels_ = packed(plan, levels, backward_order).pack(skip)  # (before the buffers' checks and table: their keys)
     if not all(levels_.fits(buf, c) for c in ((0, 1) if pairs else (None,))):
         return None
     like = buf[GOAL]

@@ -29,49 +29,61 @@ MAX_DIMS, MAX_READS = 16, 32  # coordinates and terms of a step (_kernel.c's MAX
 class Packed:
     """A plan's levels as kernel descriptors: ``forward[lev]`` / ``backward[lev]`` (None: the level
     runs as torch calls), ``keys`` the buffers they read and write (a descriptor names them by
-    their index here), ``indices`` those of them that hold looked-up indices (int64)."""
+    their index here), ``indices`` those of them that hold looked-up indices (int64).
+
+    A level is packed when first a run may take it (:meth:`pack`): a chain's levels, which its
+    scans run, never are. Packing a level may add keys, never renumber them, so a table made after
+    packing the levels a run takes (:meth:`table`) serves every descriptor it runs."""
 
     def __init__(self, levels: list[list[Step]], backward_order):
         self.keys: list[str] = []
         self.uploaded = None  # (device, the descriptors there): :mod:`.triton_levels`
         self.indices: set[str] = set()  # the keys of integer inputs positions are looked up in
-        index: dict[str, int] = {}
-
-        def key(name: str, indices: bool = False) -> int:
-            if indices:
-                self.indices.add(name)
-            if name not in index:
-                index[name] = len(self.keys)
-                self.keys.append(name)
-            used.add(index[name])
-            return index[name]
-
-        self.forward: list[np.ndarray | None] = []
-        self.backward: list[np.ndarray | None] = []
-        self.work: list[int] = []  # per level: its instances per example (the product of every step's box)
-        self.items: list[tuple[list[int], list[int]]] = []  # per level: its steps' items, forward and backward order
-        self.instances: list[int] = []  # per level: the most instances per item of its steps (1: pointwise)
+        self._index: dict[str, int] = {}
+        self._levels, self._backward_order = levels, backward_order
+        n = len(levels)
+        self._packed = [False] * n
+        self.forward: list[np.ndarray | None] = [None] * n
+        self.backward: list[np.ndarray | None] = [None] * n
+        self.work = [sum(math.prod(s.sizes) for s in steps) for steps in levels]  # per level: its instances per example (the product of every step's box)
+        self.items: list[tuple[list[int], list[int]] | None] = [None] * n  # per level: its steps' items, forward and backward order
+        self.instances = [max((math.prod(s.K) for s in steps), default=1) for steps in levels]  # per level: the most instances per item of its steps (1: pointwise)
+        self.uses: list[set[int]] = [set() for _ in levels]  # per level: the keys its descriptors name
         self._stretches: dict[frozenset[int], tuple[list[int], list[int]]] = {}  # :meth:`stretches` per set of skipped levels
         self._runs: dict[tuple[bool, int, int], tuple[np.ndarray, np.ndarray]] = {}  # :meth:`run` per direction and levels
         self._named: dict[frozenset[int], set[int]] = {}  # :meth:`named` per set of skipped levels
-        self.uses: list[set[int]] = []  # per level: the keys its descriptors name
-        for steps in levels:
-            used: set[int] = set()
+
+    def pack(self, skip: set[int] | frozenset[int] = frozenset()) -> "Packed":
+        """Packs the levels outside ``skip`` not packed yet; returns self."""
+        for lev, steps in enumerate(self._levels):
+            if self._packed[lev] or lev in skip:
+                continue
+            self._packed[lev] = True
+            used = self.uses[lev]
+
+            def key(name: str, indices: bool = False) -> int:
+                if indices:
+                    self.indices.add(name)
+                if name not in self._index:
+                    self._index[name] = len(self.keys)
+                    self.keys.append(name)
+                used.add(self._index[name])
+                return self._index[name]
+
             packed = [_pack(step, key) for step in steps]
-            self.uses.append(used)
-            backward = [s for group in backward_order(steps) for s in group]
-            self.work.append(sum(math.prod(s.sizes) for s in steps))
-            self.items.append(([math.prod(s.L) for s in steps], [math.prod(s.L) for s in backward]))
-            self.instances.append(max((math.prod(s.K) for s in steps), default=1))
+            backward = [s for group in self._backward_order(steps) for s in group]
+            self.items[lev] = ([math.prod(s.L) for s in steps], [math.prod(s.L) for s in backward])
             if any(p is None for p in packed):
-                self.forward.append(None)
-                self.backward.append(None)
                 continue
             by_step = {id(s): p for s, p in zip(steps, packed)}
-            self.forward.append(_level(packed))
-            self.backward.append(_level([by_step[id(s)] for s in backward]))
-        self.complete = all(d is not None for d in self.forward)  # every level packed (a run on pairs needs it)
+            self.forward[lev] = _level(packed)
+            self.backward[lev] = _level([by_step[id(s)] for s in backward])
+        return self
 
+    @property
+    def complete(self) -> bool:
+        """Whether the kernels take every level (a run on pairs needs it)."""
+        return all(d is not None for d in self.pack().forward)
 
     def fits(self, buf: dict[str, Tensor], component: int | None = None) -> bool:
         """Whether every buffer the descriptors name is ``[B or 1, positions]``, unit stride, on the
@@ -116,6 +128,7 @@ class Packed:
         none), found once per set of skipped levels."""
         key = frozenset(skip)
         if key not in self._stretches:
+            self.pack(key)
             runs = [d is not None and lev not in skip for lev, d in enumerate(self.forward)]
             first, end = [], [0] * len(runs)
             start = 0
@@ -135,6 +148,7 @@ class Packed:
         buffers a backward pass here writes), found once per set of skipped levels."""
         key = frozenset(skip)
         if key not in self._named:
+            self.pack(key)
             self._named[key] = set().union(*(u for lev, u in enumerate(self.uses) if self.backward[lev] is not None and lev not in skip))
         return self._named[key]
 

@@ -192,7 +192,7 @@ def bind(plan: Plan, levels: list[list[Step]], backward_order, semiring: Semirin
     :func:`applies`), the levels in ``skip`` left to the caller, or None where a buffer is not on
     the charts' device in their float dtype (int64 for looked-up indices). ``pairs``: a Log run on
     pairs (value, tangent), ``[2, B or 1, positions]`` per key."""
-    levels_ = packed(plan, levels, backward_order)
+    levels_ = packed(plan, levels, backward_order).pack()  # (every level: the descriptors are uploaded whole)
     if not all(levels_.fits(buf, c) for c in ((0, 1) if pairs else (None,))):
         return None
     return Bound(levels_, buf, batch, type(semiring) is MaxSemiring, skip, pairs)
