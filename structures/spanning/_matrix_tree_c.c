@@ -221,15 +221,33 @@ INLINE double load_heads(const void *theta, int f32, idx n1, idx n, double *T, d
 /* Y[j, i] += sign Σ_k Y[j, k] F[k, i] over the panel k0..k1-1, for the rows j0..j1-1 and the columns
  * i0..i1-1 (Y and F of row stride n, possibly one matrix: the rows j are not the panel's rows, the
  * columns i not its columns): the updates of the rows below a panel (LU, elimination) or a block
- * of substitutions, four rows by eight columns at a time in registers, each entry's terms added
- * in the panel's order. The callers' error bounds hold for any order of summation, and the
- * elimination's terms are non-negative. */
-INLINE void rank_update(double *Y, const double *F, idx n, idx j0, idx j1, idx k0, idx k1, idx i0, idx i1, double sign) {
+ * of substitutions, four rows by eight columns at a time in registers (sixteen where ``wide``: AVX-512's
+ * vectors), each entry's terms added in the panel's order (so the same bits at either width). The
+ * callers' error bounds hold for any order of summation, and the elimination's terms are non-negative. */
+INLINE void rank_update(double *Y, const double *F, idx n, idx j0, idx j1, idx k0, idx k1, idx i0, idx i1, double sign, int wide) {
 #define MAC(acc, c, f) acc = sign > 0 ? acc + (c) * (f) : acc - (c) * (f) /* sign is a constant where this is inlined */
     idx j = j0;
     for (; j + 4 <= j1; j += 4) {
         double *y0 = Y + j * n, *y1 = y0 + n, *y2 = y1 + n, *y3 = y2 + n;
         idx i = i0;
+#if ISAS_X86
+        for (; wide && i + 16 <= i1; i += 16) {
+            vd8 a0, a1, a2, a3, b0, b1, b2, b3;
+            memcpy(&a0, y0 + i, 64), memcpy(&a1, y1 + i, 64), memcpy(&a2, y2 + i, 64), memcpy(&a3, y3 + i, 64);
+            memcpy(&b0, y0 + i + 8, 64), memcpy(&b1, y1 + i + 8, 64), memcpy(&b2, y2 + i + 8, 64), memcpy(&b3, y3 + i + 8, 64);
+            for (idx k = k0; k < k1; k++) {
+                vd8 f, g;
+                memcpy(&f, F + k * n + i, 64), memcpy(&g, F + k * n + i + 8, 64);
+                const double t0 = y0[k], t1 = y1[k], t2 = y2[k], t3 = y3[k];
+                const vd8 c0 = {t0, t0, t0, t0, t0, t0, t0, t0}, c1 = {t1, t1, t1, t1, t1, t1, t1, t1};
+                const vd8 c2 = {t2, t2, t2, t2, t2, t2, t2, t2}, c3 = {t3, t3, t3, t3, t3, t3, t3, t3};
+                MAC(a0, c0, f), MAC(b0, c0, g), MAC(a1, c1, f), MAC(b1, c1, g);
+                MAC(a2, c2, f), MAC(b2, c2, g), MAC(a3, c3, f), MAC(b3, c3, g);
+            }
+            memcpy(y0 + i, &a0, 64), memcpy(y1 + i, &a1, 64), memcpy(y2 + i, &a2, 64), memcpy(y3 + i, &a3, 64);
+            memcpy(y0 + i + 8, &b0, 64), memcpy(y1 + i + 8, &b1, 64), memcpy(y2 + i + 8, &b2, 64), memcpy(y3 + i + 8, &b3, 64);
+        }
+#endif
         for (; i + 2 * LANES_f64 <= i1; i += 2 * LANES_f64) {
             vd a0 = vload(y0 + i), a1 = vload(y1 + i), a2 = vload(y2 + i), a3 = vload(y3 + i);
             vd b0 = vload(y0 + i + LANES_f64), b1 = vload(y1 + i + LANES_f64);
@@ -326,7 +344,8 @@ INLINE void panel_rows_down(double *X, idx n, idx j0, idx j1, idx k0, idx k1, co
 /* log Z of the shifted weights of one example as load_heads() leaves them (T [n, n], each word's
  * heads contiguous, overwritten; root [n]), or NAN where a pivot is below LOW; g, w, d: n scratch
  * each, P: KB * n. */
-INLINE double gth_log_partition(double *T, const double *root, idx n, int single_root, double *g, double *w, double *d, double *P) {
+INLINE double gth_log_partition(double *T, const double *root, idx n, int single_root, double *g, double *w, double *d, double *P,
+                                int wide) {
     idx c0 = 0;
     if (single_root) {
         /* the most popular head: the largest sum of its arcs out (a column of T) */
@@ -361,7 +380,7 @@ INLINE double gth_log_partition(double *T, const double *root, idx n, int single
         }
         /* every later row: the panel's eliminations, its own columns (Up[k, j]) first, then one pass */
         panel_rows(T, n, k1, n, k0, k1, T, d, 1.0, g, g, P);
-        rank_update(T, T, n, k1, n, k0, k1, k1, n, 1.0);
+        rank_update(T, T, n, k1, n, k0, k1, k1, n, 1.0, wide);
     }
     if (!single_root) return logdet;
     /* K = (I - Lo) D (I - Up): v = (I - Up)^{-1} D^{-1} (I - Lo)^{-1} w, additions only */
@@ -388,7 +407,7 @@ INLINE double gth_log_partition(double *T, const double *root, idx n, int single
 /* LU of M without row exchanges, in place, M stored transposed (A[j, i] = M[i, j], as LAPACK's
  * column-major): afterwards A[k, i] = L[i, k] (i > k) and A[j, k] = U[k, j] (k <= j); s[k] the
  * sum of |L[i, k]| in column k, the unit diagonal included. Returns log det M, or NAN at a pivot that is not > 0. */
-INLINE double lu(double *A, idx n, double *s, double *P) {
+INLINE double lu(double *A, idx n, double *s, double *P, int wide) {
     double logdet = 0.0;
     for (idx k0 = 0; k0 < n; k0 += KB) {
         const idx k1 = k0 + KB < n ? k0 + KB : n;
@@ -408,7 +427,7 @@ INLINE double lu(double *A, idx n, double *s, double *P) {
         }
         /* every later row: the panel's updates, its own columns (U[k, j]) first, then one pass */
         panel_rows(A, n, k1, n, k0, k1, A, NULL, -1.0, NULL, NULL, P);
-        rank_update(A, A, n, k1, n, k0, k1, k1, n, -1.0);
+        rank_update(A, A, n, k1, n, k0, k1, k1, n, -1.0, wide);
     }
     return logdet;
 }
@@ -418,16 +437,16 @@ INLINE double lu(double *A, idx n, double *s, double *P) {
  * its pivots inv (one more rounding per step: within the bound's γ = 4 n u, which covers
  * γ_{3n+1}); LU as left by lu(). The rows are solved together so that each row of the factors is
  * read once per block. */
-INLINE void solve_rows(const double *LU, const double *inv, idx n, double *Y, idx R, idx k0, double *P) {
+INLINE void solve_rows(const double *LU, const double *inv, idx n, double *Y, idx R, idx k0, double *P, int wide) {
     for (idx b0 = k0; b0 < n; b0 += KB) {
         const idx b1 = b0 + KB < n ? b0 + KB : n;
         panel_rows(Y, n, 0, R, b0, b1, LU, NULL, -1.0, NULL, NULL, P);
-        rank_update(Y, LU, n, 0, R, b0, b1, b1, n, -1.0);
+        rank_update(Y, LU, n, 0, R, b0, b1, b1, n, -1.0, wide);
     }
     for (idx b1 = n; b1 > 0; b1 -= KB) {
         const idx b0 = b1 - KB > 0 ? b1 - KB : 0;
         panel_rows_down(Y, n, 0, R, b0, b1, LU, inv, P);
-        rank_update(Y, LU, n, 0, R, b0, b1, 0, b0, -1.0);
+        rank_update(Y, LU, n, 0, R, b0, b1, 0, b0, -1.0, wide);
     }
 }
 
@@ -442,7 +461,7 @@ typedef struct {
  * left by load()); returns log Z of the shifted weights, and *ok whether the bound certifies both
  * within TOL. X holds n+1 rows of n: X[h, m] = (M^{-1})[m, h] (each row a solve), and row n the
  * single root's v. */
-INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Work *wk, int *ok) {
+INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Work *wk, int *ok, int wide) {
     double *A = wk->A, *X = wk->X, *s = wk->s, *phi = wk->phi, *rowmax = wk->rowmax, *tau = wk->tau, *u = wk->u, *r = wk->r;
     double *diag = wk->diag; /* the reciprocal pivots, then X_mm */
     const double gam = 4.0 * n * UNIT;
@@ -462,7 +481,7 @@ INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Wo
         for (idx j = 0; j < n; j++) { A[c0 * n + j] = 0.0; A[j * n + c0] = 0.0; }
         A[c0 * n + c0] = 1.0;
     }
-    const double logdet = lu(A, n, s, wk->P);
+    const double logdet = lu(A, n, s, wk->P, wide);
     if (isnan(logdet)) return NAN;
     /* φ_j >= the column sums of |L||U|: Σ_k |U_kj| s_k */
     for (idx j = 0; j < n; j++) phi[j] = abs_dot(A + j * n, s, j + 1);
@@ -471,11 +490,11 @@ INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Wo
     for (idx j0 = 0; j0 < n; j0 += BLOCK) {
         const idx R = n - j0 < BLOCK ? n - j0 : BLOCK;
         for (idx r0 = 0; r0 < R; r0++) X[(j0 + r0) * n + j0 + r0] = 1.0;
-        solve_rows(A, diag, n, X + j0 * n, R, j0, wk->P);
+        solve_rows(A, diag, n, X + j0 * n, R, j0, wk->P, wide);
     }
     if (single_root) {
         memcpy(v, w_in, sizeof(double) * n);
-        solve_rows(A, diag, n, v, 1, 0, wk->P);
+        solve_rows(A, diag, n, v, 1, 0, wk->P, wide);
         v[c0] = 1.0;
     }
     for (idx m = 0; m < n; m++) diag[m] = X[m * n + m];
@@ -590,7 +609,7 @@ static int check(Args *a, int with_mu) {
     return good;
 }
 
-INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1) {
+INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wide) {
     const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
     double *buf = malloc(sizeof(double) * (N * N + (5 + KB) * n1));
@@ -602,7 +621,7 @@ INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1) {
     for (idx b = b0; b < b1; b++) {
         const idx n = a->lengths.len ? lengths[b] : N;
         const double shift = load_heads(theta + b * stride, a->f32, n1, n, T, root, c);
-        const double z = isnan(shift) ? NAN : gth_log_partition(T, root, n, a->single_root, g, w, d, P);
+        const double z = isnan(shift) ? NAN : gth_log_partition(T, root, n, a->single_root, g, w, d, P, wide);
         ((uint8_t *)a->ok.buf)[b] = !isnan(z);
         ((double *)a->logz.buf)[b] = z + shift;
     }
@@ -610,7 +629,7 @@ INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1) {
     return 1;
 }
 
-INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1) {
+INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
     const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
     double *buf = malloc(sizeof(double) * (N * N + n1 * N + (10 + KB) * n1));
@@ -636,7 +655,7 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1) {
         double *W = (double *)a->mu.buf + b * n1 * n1;
         const double shift = load(theta + b * stride, a->f32, n1, n, W, n1, tmp, c);
         int ok = 0;
-        const double z = isnan(shift) ? NAN : certified_marginals(W, n1, n, a->single_root, &wk, &ok);
+        const double z = isnan(shift) ? NAN : certified_marginals(W, n1, n, a->single_root, &wk, &ok, wide);
         /* zeros off the example's arcs (padding rows and columns) */
         for (idx h = 0; h <= n; h++) memset(W + h * n1 + n + 1, 0, sizeof(double) * (N - n));
         memset(W + (n + 1) * n1, 0, sizeof(double) * n1 * (N - n));
@@ -648,14 +667,14 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1) {
 }
 
 /* the batch drivers over examples [b0, b1) (PartFn of _threads.h), compiled once per instruction
- * set (_vector.h); RUN[isa][with_mu] */
-#define DRIVERS(ISA, TARGET)                                                                                                   \
-    TARGET static int log_partition##ISA(const void *a, int64_t b0, int64_t b1) { return log_partition_batch(a, b0, b1); } \
-    TARGET static int marginals##ISA(const void *a, int64_t b0, int64_t b1) { return marginals_batch(a, b0, b1); }
-DRIVERS(_base, )
+ * set (_vector.h), WIDE where its vectors are 64 bytes; RUN[isa][with_mu] */
+#define DRIVERS(ISA, TARGET, WIDE)                                                                                                   \
+    TARGET static int log_partition##ISA(const void *a, int64_t b0, int64_t b1) { return log_partition_batch(a, b0, b1, WIDE); } \
+    TARGET static int marginals##ISA(const void *a, int64_t b0, int64_t b1) { return marginals_batch(a, b0, b1, WIDE); }
+DRIVERS(_base, , 0)
 #if ISAS_X86
-DRIVERS(_avx2, AVX2)
-DRIVERS(_avx512, AVX512)
+DRIVERS(_avx2, AVX2, 0)
+DRIVERS(_avx512, AVX512, 1)
 static PartFn *const RUN[][2] = {{log_partition_base, marginals_base}, {log_partition_avx2, marginals_avx2},
                                  {log_partition_avx512, marginals_avx512}};
 #else
