@@ -216,7 +216,10 @@ class Run:
                 compiled.grads = None  # (each backward pass binds its own gradient buffers)
             return compiled
         scans = [scan for scan in self.scans(dual).values() if not dual or self.pair_scan_applies(scan, buf)]
-        skip = {lev for scan in scans for lev in range(scan.start, scan.stop)}
+        key = tuple(scan.start for scan in scans)
+        skip = self.plan.skips.get(key)
+        if skip is None:  # (one object per set of scans: the kernels' memos of it hash it once, compare it by identity)
+            skip = self.plan.skips[key] = frozenset(lev for scan in scans for lev in range(scan.start, scan.stop))
         bind = triton_levels.bind if self.native is triton_levels else kernel.bind
         compiled = bind(self.plan, self.levels(fused=True), _backward_order, self.semiring, buf, self.batch, skip, pairs=dual)
         self.bound = buf, compiled

@@ -52,9 +52,14 @@ class Packed:
         self._stretches: dict[frozenset[int], tuple[list[int], list[int]]] = {}  # :meth:`stretches` per set of skipped levels
         self._runs: dict[tuple[bool, int, int], tuple[np.ndarray, np.ndarray]] = {}  # :meth:`run` per direction and levels
         self._named: dict[frozenset[int], set[int]] = {}  # :meth:`named` per set of skipped levels
+        self._packed_for: set[frozenset[int]] = set()  # the sets of skipped levels :meth:`pack` has packed around
 
     def pack(self, skip: set[int] | frozenset[int] = frozenset()) -> "Packed":
         """Packs the levels outside ``skip`` not packed yet; returns self."""
+        skip = frozenset(skip)
+        if skip in self._packed_for:
+            return self
+        self._packed_for.add(skip)
         for lev, steps in enumerate(self._levels):
             if self._packed[lev] or lev in skip:
                 continue

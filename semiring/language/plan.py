@@ -204,6 +204,7 @@ class Plan:
     arena_size: int = 0
     packed: object = None  # the fused levels as kernel descriptors (:mod:`.pack`)
     keepable: set[int] | None = None  # the fused steps whose Log weights a run keeps (:meth:`~.execute.Run.keepable`)
+    skips: dict[tuple[int, ...], frozenset[int]] = field(default_factory=dict)  # the levels of a set of scans (by their first levels), made once
     work: int | None = None  # terms per example (:mod:`.limits`)
     positions: int = 0  # the charts' buffers' positions per example (:mod:`.limits`)
 
