@@ -1080,6 +1080,8 @@ static int scan_level(const int64_t *p, Py_ssize_t len, int mode, const int64_t 
     return p == end;
 }
 
+#define LINE 64 /* bytes of a cache line */
+#define LINES(bytes) (((bytes) + LINE - 1) / LINE * LINE)
 #define GRAIN 16384 /* instances a thread is worth (waking a worker costs a few microseconds) */
 #define PARTS 4       /* parts per thread: a thread that falls behind (a loaded machine) holds little */
 
@@ -1173,19 +1175,16 @@ typedef struct {
     int64_t B, n, parts;
     const int64_t *tab, *gtab;
     int64_t S; /* sources: the rows of tab (and gtab) past S are the tangents of pairs (RUN_PAIRS) */
-    char *t;
-    size_t room;   /* bytes of scratch a thread has */
-    int64_t maxRH; /* pointers and offsets a thread has: 8 and 2 times this */
-    void **ptrs;
-    int64_t *offs;
+    char *mem;            /* thread i's memory: mem + i * block, its scratch, then its pointers, then its offsets */
+    size_t block, room, pointers; /* bytes: a thread's memory, its scratch, its scratch and pointers */
 } Job;
 
 static void run_part(const Job *w, int64_t j, int64_t i) {
-    const int64_t m = w->maxRH;
+    char *mine = w->mem + i * w->block;
     for (int64_t k = 0; k < w->count; k++)
         ISA_CODE[isa](w->all + w->at[k] + 1, w->all + w->at[k + 1], &w->lv[k], w->mode, w->backward, w->is_double,
-                      w->B * j / w->parts, w->B * (j + 1) / w->parts, w->tab, w->gtab, w->S, w->t + i * w->room,
-                      w->ptrs + i * 8 * m, w->offs + i * 2 * m);
+                      w->B * j / w->parts, w->B * (j + 1) / w->parts, w->tab, w->gtab, w->S, mine,
+                      (void **)(mine + w->room), (int64_t *)(mine + w->pointers));
 }
 
 #if defined(_OPENMP)
@@ -1248,21 +1247,17 @@ static int run_levels(const int64_t *all, const int64_t *at, const Level *lv, in
     }
     const int64_t n = THREADED ? threads_for(&whole, B, threads) : 1;
     const size_t item = is_double ? sizeof(double) : sizeof(float);
-    char *t = malloc(n * whole.room * item); /* per thread: its scratch, pointers and offsets */
-    void **ptrs = malloc(n * 8 * whole.maxRH * sizeof(void *));
-    int64_t *offs = malloc(n * 2 * whole.maxRH * sizeof(int64_t));
-    int status = 2;
-    if (t && ptrs && offs) {
-        const int64_t parts = parts_for(&whole, n, B, per_example);
-        const Job job = {all, at + k0, lv + k0, k1 - k0, mode, backward, is_double, B, n, parts, tab, gtab, S, t,
-                         whole.room * item, whole.maxRH, ptrs, offs};
-        run_job(&job);
-        status = 0;
-    }
-    free(t);
-    free(ptrs);
-    free(offs);
-    return status;
+    /* per thread: its scratch, pointers and offsets, in cache lines of its own (a line two threads
+     * wrote, the offsets every step writes, halved an alignment's speed on two threads) */
+    const size_t room = LINES(whole.room * item), pointers = room + LINES(8 * whole.maxRH * sizeof(void *));
+    const size_t block = pointers + LINES(2 * whole.maxRH * sizeof(int64_t));
+    char *mem = aligned_alloc(LINE, n * block);
+    if (!mem) return 2;
+    const Job job = {all, at + k0, lv + k0, k1 - k0, mode, backward, is_double, B, n,
+                     parts_for(&whole, n, B, per_example), tab, gtab, S, mem, block, room, pointers};
+    run_job(&job);
+    free(mem);
+    return 0;
 }
 
 /* forward(max, double, B, threads, table, levels[, starts]) and backward(..., table, grads, levels[,
