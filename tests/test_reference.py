@@ -116,3 +116,17 @@ def test_sibling_rules_run_as_one_step_with_positive_strides():
         assert step.sizes[0] == 2
         assert all(s >= 0 for v in [*step.reads, *step.heads] if v is not None for s in v.strides)
         assert all(v.strides[0] > 0 for v in step.heads)
+
+
+def test_a_chart_computed_along_diagonals_holds_each_level_adjacent():
+    """An alignment's chart ``A[i, j]`` is computed a level ``i + j`` at a time and no rule sums over
+    it, so its buffer holds it level by level (``A[i + j, i]``): every step writes its items and
+    reads the chart's at stride 1, where row-major ``A[i, j]`` put each on a cache line of its own.
+    The values are the interpreter's (the tests above)."""
+    plan = sr.program(ALIGNMENT).plan({x: (6, 9) for x in "abc"})
+    steps = [step for level in plan.levels for step in level if step.sizes and step.sizes[0] > 1]
+    assert steps
+    for step in steps:
+        charts = [v for v in [*step.reads, *step.heads] if v is not None and v.source == "A"]
+        assert charts and all(v.strides == (1,) and not v.gather for v in charts)
+    assert plan.size["A"] == (6 + 9 - 1) * 6

@@ -13,9 +13,12 @@ the rule does not have (a triangle's corner, an ``if``), a mask, evaluated on th
 same affine forms, marks them; a read that could leave its buffer there is a gather at clamped
 positions instead of a view.
 
-Charts live in dense buffers ``[*, B, box]`` over their index boxes, in one or two *layouts* (an
-order of the box's dimensions): each read over K instances uses the layout where they are
-adjacent, so that it is a unit-stride view; every level's items are written to each layout.
+Charts live in dense buffers ``[*, B, box]`` over their index boxes, in one or two *layouts*:
+each read over K instances uses the layout where they are adjacent, so that it is a unit-stride
+view; every level's items are written to each layout. A layout is an order of the box's dimensions,
+or, for a chart no rule sums over whose levels run along a diagonal (an alignment's ``A[i, j]`` at
+level ``i + j``), the level itself outermost (``A[i + j, i]``): a level's items are then adjacent
+too, where along the diagonal each would be on a cache line of its own.
 """
 
 from __future__ import annotations
@@ -189,7 +192,7 @@ class Plan:
 
     shapes: dict[str, tuple[int, ...]]  # per input
     boxes: dict[str, Space]  # per chart
-    layouts: dict[str, list[tuple[int, ...]]]  # per chart: dimension orders, outermost first
+    layouts: dict[str, list[Layout]]  # per chart
     keys: dict[str, list[str]]  # per chart: buffer key per layout
     levels: list[list[Step]]  # per level, in order: its steps (strata, then program order)
     goal: list[Step]  # the goal's steps
@@ -209,19 +212,47 @@ class Plan:
     positions: int = 0  # the charts' buffers' positions per example (:mod:`.limits`)
 
 
-def _strides(shape: tuple[int, ...], perm: tuple[int, ...]) -> list[int]:
-    """Per box dimension, its stride in the layout ``perm`` (dimensions outermost first)."""
-    out = [0] * len(shape)
-    acc = 1
-    for d in reversed(perm):
-        out[d] = acc
-        acc *= shape[d]
-    return out
+Layout = tuple[tuple[int, ...], ...]
+"""A buffer's layout: rows of integers, outermost first; index ``x`` of the box is at coordinates
+``u_k = Σ_d row_k[d] x_d`` of the box they span, row-major. Unit rows order the dimensions."""
 
 
-def layouts(rules: list[Rule], charts: dict[str, int], summed: dict[int, list[str]]) -> dict[str, list[tuple[int, ...]]]:
+def _ordered(perm: tuple[int, ...]) -> Layout:
+    """The layout of the box's dimensions in the order ``perm`` (outermost first)."""
+    return tuple(tuple(int(d == p) for d in range(len(perm))) for p in perm)
+
+
+def _placement(lo: list[int], shape: tuple[int, ...], layout: Layout) -> tuple[list[int], int, int]:
+    """(per box dimension its stride, the position of index 0, the number of positions) of the box
+    ``lo + [0, shape)`` in ``layout``: index ``x`` is at ``base + Σ strides[d] x_d``."""
+    if not all(shape):
+        return [0] * len(shape), 0, 0
+    ulo, ushape = [], []
+    for row in layout:
+        ends = [(a * l, a * (l + n - 1)) for a, l, n in zip(row, lo, shape)]
+        ulo.append(sum(min(e) for e in ends))
+        ushape.append(sum(max(e) for e in ends) - ulo[-1] + 1)
+    strides, base, acc = [0] * len(shape), 0, 1
+    for row, low, n in zip(reversed(layout), reversed(ulo), reversed(ushape)):
+        strides = [s + acc * a for s, a in zip(strides, row)]
+        base -= acc * low
+        acc *= n
+    return strides, base, acc
+
+
+def _innermost(layout: Layout) -> int | None:
+    """The dimension whose index advances a position at a time (None: no one dimension's)."""
+    last = layout[-1]
+    return last.index(1) if sorted(last) == [0] * (len(last) - 1) + [1] else None
+
+
+def layouts(rules: list[Rule], charts: dict[str, int], summed: dict[int, list[str]],
+            levels: dict[str, tuple[int, ...]]) -> dict[str, list[Layout]]:
     """Per chart, one or two dimension orders: one with the dimension that most reads advance
-    along (over their innermost summed variable) innermost, and one for the next such dimension."""
+    along (over their innermost summed variable) innermost, and one for the next such dimension;
+    a chart no rule sums over whose level (``levels``: its coefficients) is not one dimension's, its
+    level outermost, then its dimensions but the last of the level's (the one a level's steps solve
+    for), so that a level's items are adjacent."""
     weight: dict[str, dict[int, int]] = {c: {} for c in charts}
     for i, r in enumerate(rules):
         if not summed[i]:
@@ -235,7 +266,12 @@ def layouts(rules: list[Rule], charts: dict[str, int], summed: dict[int, list[st
     out = {}
     for c, rank in charts.items():
         dims = sorted(weight[c], key=lambda d: (-weight[c][d], d))[:2]
-        out[c] = [tuple(d for d in range(rank) if d != k) + (k,) for k in dims] or [tuple(range(rank))]
+        level = levels.get(c, ())
+        if not dims and sum(map(bool, level)) > 1:
+            solved = max(d for d, a in enumerate(level) if a)
+            out[c] = [(tuple(level),) + _ordered(tuple(range(rank)))[:solved] + _ordered(tuple(range(rank)))[solved + 1:]]
+        else:
+            out[c] = [_ordered(tuple(d for d in range(rank) if d != k) + (k,)) for k in dims] or [_ordered(tuple(range(rank)))]
     return out
 
 
@@ -245,7 +281,7 @@ def summed_variables(rule: Rule) -> list[str]:
 
 
 def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, tuple[int, ...]],
-          chart_layouts: dict[str, list[tuple[int, ...]]], longest: bool = False) -> Plan:
+          chart_layouts: dict[str, list[Layout]], longest: bool = False) -> Plan:
     """The plan at these input sizes (a ``ProgramError`` where it cannot express them); ``longest``:
     its goal only at the largest lengths these shapes allow, for a run whose every example has them
     (every goal item is computed: an alignment's ``A[n-1, m-1]`` at every ``(n, m)`` is a third of
@@ -268,7 +304,7 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
         boxes[GOAL] = Space(list(allowed.hi), list(allowed.hi))
     keys = {c: [c if k == 0 else f"{c}@{k}" for k in range(len(chart_layouts[c]))] for c in charts}
     stored = _stored(boxes)
-    size = {key: stored[c].size for c in charts for key in keys[c]}
+    size = {key: _placement(stored[c].lo, stored[c].shape, layout)[2] for c in charts for key, layout in zip(keys[c], chart_layouts[c])}
     size.update({name: math.prod(s) for name, s in shapes.items()})
     posed: dict[tuple, tuple[Rule, System | None]] = {}
     systems = {i: sy for i, rule in enumerate(rules) if (sy := _remembered_system(rule, syntax, levels, shapes, boxes, posed)) is not None}
@@ -713,23 +749,23 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
             extent_of[id(e)] = e, e.low(sizes), e.high(sizes)
         return extent_of[id(e)][1:]
 
-    def position(t, layout: tuple[int, ...], key: str) -> Read:
+    def position(t, layout: Layout, key: str) -> Read:
         if t.name in shapes:
             shape, lo = shapes[t.name], [0] * len(shapes[t.name])
         else:
             shape, lo = stored[t.name].shape, stored[t.name].lo
-        st = _strides(shape, layout)
-        offset = np.zeros(taus.shape, dtype=np.int64)
+        st, base, _ = _placement(lo, shape, layout)
+        offset = np.full(taus.shape, base, dtype=np.int64)
         strides = [0] * len(order)
         outside = np.zeros(taus.shape, dtype=bool)
         lookups = []
         for d, ix in enumerate(indices[id(t)]):
             if isinstance(ix, Lookup):  # a position read from data: gathered, per example
-                lookups.append((st[d], position(ix, tuple(range(len(shapes[ix.name]))), ix.name)))
+                lookups.append((st[d], position(ix, _ordered(tuple(range(len(shapes[ix.name])))), ix.name)))
                 outside[:] = True
                 continue
             e = Expr({}, np.full(taus.shape, code[ix.name], dtype=np.int64)) if isinstance(ix, Const) else to_expr(ix)
-            offset = offset + st[d] * (e.const - lo[d])
+            offset = offset + st[d] * e.const
             for c, a in e.coeffs.items():
                 strides[c] += st[d] * a
             low, high = extent(e)
@@ -746,13 +782,13 @@ def _form(i: int, sy: System, extra: list[Affine], taus: np.ndarray, syntax: Syn
             reads.append(None)
             layout_of.append(None)
         elif t.name in shapes:
-            reads.append(position(t, tuple(range(len(shapes[t.name]))), t.name))
+            reads.append(position(t, _ordered(tuple(range(len(shapes[t.name])))), t.name))
             layout_of.append(None)
         else:
             perms, which = chart_layouts[t.name], 0
             if inner is not None:
                 moved = [d for d, ix in enumerate(indices[id(t)]) if isinstance(ix, Affine) and abs(coeff(ix, inner)) == 1]
-                which = next((k for k, p in enumerate(perms) if moved and p[-1] == moved[0]), 0)
+                which = next((k for k, p in enumerate(perms) if moved and _innermost(p) == moved[0]), 0)
             reads.append(position(t, perms[which], keys[t.name][which]))
             layout_of.append(which)
     heads = [position(head, perm, key) for perm, key in zip(chart_layouts[head.name], keys[head.name])]

@@ -67,7 +67,7 @@ class Program:
         check_base_cases(self.syntax.rules)
         self.levels = levels
         charts = {r.head.name: len(r.head.indices) for r in self.rules}
-        self._layouts = layouts(self.rules, charts, {i: summed_variables(r) for i, r in enumerate(self.rules)})
+        self._layouts = layouts(self.rules, charts, {i: summed_variables(r) for i, r in enumerate(self.rules)}, levels.coeffs)
         self._plans: OrderedDict[tuple, Plan] = OrderedDict()
         self._checked: OrderedDict[tuple, None] = OrderedDict()  # the last PLANS sets of sizes that passed the checks of sizes alone
 
