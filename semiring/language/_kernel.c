@@ -253,15 +253,18 @@ static inline __attribute__((always_inline)) vd log1p_f64(vd e) {
     return u * p;
 }
 
-/* y[i * hs] = logaddexp(y[i * hs], t[i]) for i < inner, LANES at a time (t padded) */
+/* y[i * hs] = logaddexp(y[i * hs], t[i]) for i < inner, LANES at a time (t padded; y's whole vectors
+ * loaded and stored as such where hs is 1: a diagonal chart's levels, held level by level) */
 #define LOGADDEXP_ROW(T, V, VI, SUFFIX)                                                                     \
 static inline __attribute__((always_inline)) void logaddexp_row_##SUFFIX(T *y, int64_t hs, const T *t,      \
                                                                          int64_t inner) {                   \
     const V inf = (V){0} + INFINITY;                                                                        \
     for (int64_t k = 0; k < inner; k += LANES_##SUFFIX) {                                                   \
         V a, b;                                                                                             \
+        const int whole = hs == 1 && k + LANES_##SUFFIX <= inner;                                           \
         memcpy(&b, t + k, sizeof b);                                                                        \
-        for (int i = 0; i < LANES_##SUFFIX; i++) a[i] = k + i < inner ? y[(k + i) * hs] : -INFINITY;        \
+        if (whole) memcpy(&a, y + k, sizeof a);                                                             \
+        else for (int i = 0; i < LANES_##SUFFIX; i++) a[i] = k + i < inner ? y[(k + i) * hs] : -INFINITY;   \
         VI ge = a >= b;                                                                                     \
         V m = (V)(((VI)a & ge) | ((VI)b & ~ge)), lo = (V)(((VI)b & ge) | ((VI)a & ~ge));                  \
         V r = m + log1p_##SUFFIX(exp_##SUFFIX(lo - m));                                                     \
@@ -269,7 +272,8 @@ static inline __attribute__((always_inline)) void logaddexp_row_##SUFFIX(T *y, i
         r = (V)(((VI)m & odd) | ((VI)r & ~odd));                                                            \
         VI nan = (a != a) | (b != b);                                                                       \
         r = (V)(((VI)(a + b) & nan) | ((VI)r & ~nan));                                                      \
-        for (int i = 0; i < LANES_##SUFFIX && k + i < inner; i++) y[(k + i) * hs] = r[i];                   \
+        if (whole) memcpy(y + k, &r, sizeof r);                                                             \
+        else for (int i = 0; i < LANES_##SUFFIX && k + i < inner; i++) y[(k + i) * hs] = r[i];              \
     }                                                                                                       \
 }
 LOGADDEXP_ROW(float, vf, vif, f32)
