@@ -127,17 +127,18 @@ class View:
 
     @staticmethod
     def strided(source: str, sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool = False) -> "View":
-        return View(source, sizes, strides, offset, gather, bound, *_geometry(sizes, strides, offset, bound, gather))
+        narrow, broad, injective, whole = _geometry(sizes, strides, bound, gather)
+        return View(source, sizes, strides, offset, gather, bound, narrow, broad, injective, whole and offset == 0)
 
 
 @lru_cache(maxsize=65536)
-def _geometry(sizes: tuple[int, ...], strides: tuple[int, ...], offset: int, bound: int, gather: bool
+def _geometry(sizes: tuple[int, ...], strides: tuple[int, ...], bound: int, gather: bool
               ) -> tuple[tuple[int, ...], tuple[int, ...], bool, bool]:
-    """A view's ``narrow``, ``broad``, ``injective`` and ``whole`` (remembered: the steps of many
-    rules and levels repeat the same geometry over different buffers)."""
+    """A view's ``narrow``, ``broad``, ``injective``, and whether at offset 0 it is ``whole``
+    (remembered without the offset, which varies from level to level where nothing else does)."""
     narrow = tuple(1 if s == 0 else n for s, n in zip(strides, sizes))
     broad = tuple(d for d, (s, n) in enumerate(zip(strides, sizes)) if s == 0 and n > 1)
-    whole = not gather and offset == 0 and math.prod(sizes) == bound and strides == tuple(
+    whole = not gather and math.prod(sizes) == bound and strides == tuple(
         math.prod(sizes[d + 1:]) for d in range(len(sizes)))
     return narrow, broad, not gather and _injective(strides, narrow), whole
 
