@@ -37,7 +37,7 @@ class CTC(StructuredDistribution):
     ``log_partition = log p(targets | input)`` when the rows of ``log_probs`` are normalized: it
     equals ``-ctc_loss(..., reduction='none')``. Where the frames are too few for the targets,
     ``log_partition`` is ``-inf`` (ctc_loss: a loss of ``inf``) and marginals are 0. ``lengths`` is
-    ``{"n": input_lengths, "m": 2 * target_lengths + 1}``. Note that ``ctc_loss``'s own gradient
+    ``{"n": input_lengths, "m": target_lengths}``. Note that ``ctc_loss``'s own gradient
     with respect to ``log_probs`` is ``exp(log_probs) − posterior``, not the derivative
     ``−posterior``: the two agree once chained through a ``log_softmax``.
     """
@@ -48,8 +48,8 @@ class CTC(StructuredDistribution):
         alpha[t, s] += alpha[t-1, s] * e[t, s]                                   # stay
         alpha[t, s] += alpha[t-1, s-1] * e[t, s]                                 # advance by one
         alpha[t, s] += alpha[t-1, s-2] * skip[s] * e[t, s]                       # over a blank, between different labels
-        goal        += alpha[n-1, m-1]                                           # end on the last blank
-        goal        += alpha[n-1, m-2]                                           # or on the last label
+        goal        += alpha[n-1, 2*m]                                           # end on the last blank
+        goal        += alpha[n-1, 2*m-1]                                         # or on the last label
     """)
     shape = "B, T, V"
     potentials = "logp"
@@ -84,7 +84,8 @@ class CTC(StructuredDistribution):
         # skip[s]: 0 where position s may be reached from s - 2, a label different from the one before it
         skip = torch.full(ext.shape, -math.inf, dtype=log_probs.dtype, device=log_probs.device)
         skip[:, 3::2].masked_fill_(labels[:, 1:] != labels[:, :-1], 0.0)
-        lengths = {"n": self.input_lengths, "m": 2 * self.target_lengths + 1}  # the goal's largest m is 2S + 2
+        # (neither given: every example at the largest lengths, T and S, whose goal alone is computed)
+        lengths = None if input_lengths is None and target_lengths is None else {"n": self.input_lengths, "m": self.target_lengths}
         super().__init__(log_probs, lengths, {"skip": skip, "ext": ext})
 
     def _check_potentials(self, log_potentials: Tensor) -> None:
@@ -92,12 +93,12 @@ class CTC(StructuredDistribution):
 
     def _check_lengths(self, lengths: dict[str, Tensor]) -> dict[str, Tensor]:
         """The program's check of ``{"n", "m"}``, reading no values where it would read them again:
-        where these shapes allow every ``n`` in ``1..T`` and ``m`` in ``1..2S+1``, which the
+        where these shapes allow every ``n`` in ``1..T`` and ``m`` in ``0..S``, which the
         checks of ``input_lengths`` and ``target_lengths`` have already kept them in."""
         ranges = self.program.length_ranges(self._shapes)
         (n_lo, n_hi), (m_lo, m_hi) = ranges["n"], ranges["m"]
         T, S = self._theta.shape[1], self.targets.shape[1]
-        implied = n_lo <= 1 <= T <= n_hi and m_lo <= 1 and 2 * S + 1 <= m_hi
+        implied = n_lo <= 1 <= T <= n_hi and m_lo <= 0 and S <= m_hi
         return self.program.check_lengths(lengths, self._batch, self._shapes, values=validating() and not implied)
 
     def decode(self) -> Tensor:

@@ -135,7 +135,7 @@ def test_defaults_are_every_frame_and_every_target_label():
     d = CTC(logits.log_softmax(-1), targets)
     full = CTC(logits.log_softmax(-1), targets, torch.full((3,), 12), torch.full((3,), 3))
     assert_close(d.log_partition, full.log_partition)
-    assert {k: v.tolist() for k, v in d.lengths.items()} == {"n": [12] * 3, "m": [7] * 3}
+    assert {k: v.tolist() for k, v in d.lengths.items()} == {"n": [12] * 3, "m": [3] * 3}
 
 
 @pytest.mark.parametrize("what, kwargs, message", [
