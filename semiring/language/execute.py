@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,7 +30,7 @@ from ..semirings import LogSemiring, MaxSemiring, Semiring
 from . import kernel, triton_levels
 from .fuse import ARENA
 from .pack import packed
-from .plan import Plan, Scan, Step, View
+from .plan import DELTAS, VALID, Plan, Scan, Step, View
 from .syntax import GOAL
 
 SCAN_LEVELS = 32  # a chain of fewer levels, of a matrix each, runs in the C kernel level by level: the scan's fixed cost (~10 torch calls) is more (B=2..8, C=4..8, one loaded AMD core: even at 32-64 levels)
@@ -131,6 +132,9 @@ class Run:
         may not save what inference mode made)."""
         if self.goal is not None and (isinstance(self.goal, int) or not torch.is_grad_enabled()):
             return self.goal
+        if self.plan.per_example is not None:  # (one item, each example's own)
+            self.goal = 0
+            return 0
         box, names = self.plan.boxes[GOAL], self.plan.length_names
         offset, index, stride = 0, None, 1  # the index is offset + the given lengths' terms
         for d in reversed(range(len(names))):
@@ -226,9 +230,32 @@ class Run:
         return compiled
 
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
-        """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``, int64)."""
-        return {name: x.reshape(x.shape[0], -1).long().contiguous() if name in self.plan.looked_up
-                else x.reshape(*x.shape[: self.lead + 1], -1).contiguous() for name, x in zip(self.names, elements)}
+        """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``, int64),
+        and a goal at each example's lengths' own (:meth:`goal_inputs`)."""
+        out = {name: x.reshape(x.shape[0], -1).long().contiguous() if name in self.plan.looked_up
+               else x.reshape(*x.shape[: self.lead + 1], -1).contiguous() for name, x in zip(self.names, elements)}
+        if self.plan.per_example is not None:
+            out.update(self.goal_inputs(next(x for x in elements if x.is_floating_point())))
+        return out
+
+    def goal_inputs(self, like: Tensor) -> dict[str, Tensor]:
+        """``DELTAS [B, reads]`` and ``VALID [*, B, rules]`` of a goal at each example's lengths
+        (:class:`~.plan.PerExample`), found in numpy from the lengths (a length not given: the
+        largest; a plan of this kind runs on the CPU only, where the lengths are read for free)."""
+        pe, box = self.plan.per_example, self.plan.boxes[GOAL]
+        given = self.lengths or {}
+        lengths = np.stack([np.full(self.batch, box.hi[d]) if given.get(name) is None else given[name].numpy()
+                            for d, name in enumerate(self.plan.length_names)], -1)
+        coords = lengths[:, pe.dims] - pe.bases  # [B, every rule's item coordinates]
+        ok = np.logical_and.reduceat((coords >= 0) & (coords < pe.sizes), pe.starts, axis=1)  # [B, rules]
+        for j, coeffs, const, op in pe.masks:
+            e = const + sum(a * coords[:, pe.starts[j] + c] for c, a in coeffs.items())
+            ok[:, j] &= e >= 0 if op == ">=" else e != 0
+        deltas = np.where(ok[:, pe.rule_of], coords, 0) @ pe.strides  # [B, reads]
+        valid = torch.from_numpy(np.where(ok, 0.0, -np.inf)).to(like.dtype)
+        if self.lead:  # (pairs: a tangent of 0)
+            valid = torch.stack((valid, torch.zeros_like(valid)))
+        return {DELTAS: torch.from_numpy(deltas), VALID: valid}
 
     def read(self, buf: dict[str, Tensor], v: View) -> Tensor:
         """A term's view (with positions looked up from data where it has them): ``[*, B, *v.sizes]``."""

@@ -187,6 +187,29 @@ class Scan:
     heads: list[View]  # [T, L] per layout of the chart
 
 
+DELTAS, VALID = "#deltas", "#valid"  # the inputs of a goal at each example's lengths, made per run (:class:`PerExample`)
+EACH = 8192  # the goal's positions times its rules from which a run given lengths computes it at each example's only
+# (30-150 us of numpy a run: CTC's T x (S+1) x 2 at T = 200, S = 40 gains 1.12x; an alignment's n x m x 1 at 64 breaks even)
+
+
+@dataclass
+class PerExample:
+    """How a run computes the goal at each example's own lengths only (:func:`build` with
+    ``each``), where a plan of every length computes its whole box: each goal rule's items are one,
+    and a read that moves with the lengths adds its offset at the example's lengths, looked up in
+    ``DELTAS [B, reads]``; a term ``VALID [B, rules]`` is 0 where the rule holds at the example's
+    lengths, else -inf. The rules' item coordinates, all in a row: coordinate ``i`` is length
+    ``dims[i]`` minus ``bases[i]``, within ``0..sizes[i]-1``, rule ``j``'s from ``starts[j]``."""
+
+    dims: np.ndarray
+    bases: np.ndarray
+    sizes: np.ndarray
+    starts: np.ndarray
+    rule_of: np.ndarray  # per coordinate, its rule
+    masks: list[tuple[int, dict[int, int], int, str]]  # (rule, coefficients of its coordinates, constant, op)
+    strides: np.ndarray  # [coordinates, reads]: each read's offset per unit of a coordinate of its rule
+
+
 @dataclass
 class Plan:
     """Everything a run at one set of input sizes needs."""
@@ -203,6 +226,7 @@ class Plan:
     size: dict[str, int] = field(default_factory=dict)  # buffer key -> number of positions
     scans: dict[int, Scan] = field(default_factory=dict)  # first level -> a run of chain levels
     looked_up: dict[str, int] = field(default_factory=dict)  # integer input -> the largest index it may hold
+    per_example: PerExample | None = None  # the goal at each example's lengths only (else at every length)
     fused: list[list[Step]] = field(default_factory=list)  # the levels with sibling steps fused (:mod:`.fuse`)
     arena: dict[str, int] = field(default_factory=dict)  # chart buffer key -> its first position in the arena
     arena_size: int = 0
@@ -282,12 +306,14 @@ def summed_variables(rule: Rule) -> list[str]:
 
 
 def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, tuple[int, ...]],
-          chart_layouts: dict[str, list[Layout]], longest: bool = False) -> Plan:
+          chart_layouts: dict[str, list[Layout]], longest: bool = False, each: bool = False) -> Plan:
     """The plan at these input sizes (a ``ProgramError`` where it cannot express them); ``longest``:
     its goal only at the largest lengths these shapes allow, for a run whose every example has them
     (every goal item is computed: an alignment's ``A[n-1, m-1]`` at every ``(n, m)`` is a third of
-    its items, a chain's goal ``N C`` terms where one length needs ``C``). Either plan tells the
-    lengths allowed (:attr:`Plan.lengths`, :attr:`Plan.allowed`)."""
+    its items, a chain's goal ``N C`` terms where one length needs ``C``); ``each``: for a run given
+    lengths, where the goal's box holds :data:`EACH` instances or more, the goal at each example's
+    lengths only (:class:`PerExample`). Every plan tells the lengths allowed (:attr:`Plan.lengths`,
+    :attr:`Plan.allowed`)."""
     labels = label_dims(rules, syntax)
     boxes = extents(rules, syntax, shapes, labels)
     charts = {r.head.name: len(r.head.indices) for r in rules}
@@ -326,7 +352,12 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
                 if j < f.levels.size and f.levels[j] == tau:
                     here.append(f.at(int(j)))
             steps.append(_writers(here))
-    goal = _writers([f.at(0) for f in forms if f.chart == GOAL])
+    goal_forms = [f for f in forms if f.chart == GOAL]
+    per_example = _per_example(goal_forms, boxes[GOAL]) if each and goal_forms and allowed.size * len(goal_forms) >= EACH else None
+    if per_example is not None:
+        goal_forms, per_example = per_example
+        size.update({GOAL: 1, VALID: len(goal_forms), DELTAS: per_example.strides.shape[1]})
+    goal = _writers([f.at(0) for f in goal_forms])
     if longest and not goal and allowed.size:  # (no goal at the largest lengths: the plan of every length tells where)
         return build(rules, syntax, levels, shapes, chart_layouts)
     if syntax.lengths:
@@ -342,7 +373,58 @@ def build(rules: list[Rule], syntax: Syntax, levels: Levels, shapes: dict[str, t
                 if isinstance(ix, Lookup):
                     looked_up[ix.name] = min(looked_up.get(ix.name, math.inf), shapes[t.name][d] - 1)
     return Plan(dict(shapes), boxes, chart_layouts, keys, steps, goal, lengths, list(syntax.lengths), allowed, size,
-                _scans(steps, shapes), looked_up)
+                _scans(steps, shapes), looked_up, per_example=per_example)
+
+
+def _per_example(forms: list["Form"], goal: Space) -> tuple[list["Form"], PerExample] | None:
+    """The goal's rules at one item each, their reads where they move with the lengths looked up
+    (:class:`PerExample`); None where a rule's items do not move with the lengths, its masks tie
+    their coordinates to the summed ones, or its reads look positions up that move with them."""
+    strides = _placement(list(goal.lo), goal.shape, _ordered(tuple(range(len(goal.shape)))))[0]
+    items, starts, on_items, deltas, out = [], [], [], [], []
+    for j, f in enumerate(forms):
+        nL, head = f.n_free, f.heads[0]
+        if len(f.levels) != 1 or len(f.heads) != 1 or not nL:
+            return None
+        offset = int(head.offset[0])
+        starts.append(len(items))
+        for c in range(nL):
+            d = next((d for d in range(len(strides)) if strides[d] == head.strides[c] and goal.shape[d] > 1), None)
+            if d is None:
+                return None
+            items.append((d, goal.lo[d] + offset // strides[d] % goal.shape[d], int(f.sizes[c][0]), j))
+        masks, needed = [], []
+        for (e, op), need in zip(f.masks, f.needed):
+            if not need[0]:
+                continue
+            if all(c < nL for c in e.coeffs):
+                on_items.append((j, dict(e.coeffs), int(e.const[0]), op))
+            elif any(c < nL for c in e.coeffs):
+                return None
+            else:
+                masks.append((e, op))
+                needed.append(need)
+        reads = [Read(VALID, np.array([j]), (0,) * len(f.sizes), np.zeros(1, dtype=bool), len(forms))]
+        for rd in f.reads:
+            if rd is None or not any(rd.strides[:nL]):
+                reads.append(rd)
+                continue
+            if any(any(lk.strides[:nL]) for _, lk in rd.lookups):
+                return None
+            index = Read(DELTAS, np.array([len(deltas)]), (0,) * len(rd.strides), np.zeros(1, dtype=bool), 0)
+            deltas.append((starts[j], rd.strides[:nL]))
+            reads.append(Read(rd.source, rd.offset, (0,) * nL + tuple(rd.strides[nL:]), np.ones(1, dtype=bool), rd.bound,
+                              [*rd.lookups, (1, index)]))
+        box = [np.ones(1, dtype=np.int64)] * nL + list(f.sizes[nL:])
+        heads = [Read(GOAL, np.zeros(1, dtype=np.int64), (0,) * nL, np.zeros(1, dtype=bool), 1)]
+        out.append(Form(f.rule, f.index, GOAL, f.levels, nL, box, reads, heads, masks, f.outer, needed))
+    if not deltas:
+        return None
+    moves = np.zeros((len(items), len(deltas)), dtype=np.int64)
+    for r, (first, by) in enumerate(deltas):
+        moves[first: first + len(by), r] = by
+    dims, bases, sizes, rule_of = (np.array(x, dtype=np.int64) for x in zip(*items))
+    return out, PerExample(dims, bases, sizes, np.array(starts, dtype=np.int64), rule_of, on_items, moves)
 
 
 def _stored(boxes: dict[str, Space]) -> dict[str, Space]:

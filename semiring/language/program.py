@@ -13,14 +13,14 @@ import torch
 from torch import Tensor
 
 from ..eager import eager
-from ..semirings import Log, Semiring
+from ..semirings import Log, LogSemiring, MaxSemiring, Semiring
 from . import closure, limits
 from .autodiff import Tape, gradient
 from .execute import Run, native
 from .factor import eliminate, factor
 from .fuse import fuse
 from .levels import find_levels
-from .plan import Plan, build, layouts, summed_variables
+from .plan import EACH, Plan, build, layouts, summed_variables
 from .syntax import GOAL, Affine, ProgramError, Rule, Term, check_base_cases, parse
 
 
@@ -182,16 +182,23 @@ class Program:
         return self.text.splitlines()[number - 1] if number else ""
 
     @eager  # host-side arithmetic on sizes: never traced into a compiled graph
-    def plan(self, shapes: dict[str, tuple[int, ...]], longest: bool = False) -> Plan:
+    def plan(self, shapes: dict[str, tuple[int, ...]], longest: bool = False, each: bool = False) -> Plan:
         """The plan at these input sizes; the last ``PLANS`` are kept. ``longest``: for a run whose
-        examples all have the largest lengths, its goal computed there only (:func:`.plan.build`)."""
-        key = (tuple(sorted(shapes.items())), longest and bool(self.syntax.lengths))
+        examples all have the largest lengths, its goal computed there only; ``each``: for a run
+        given lengths, its goal at each example's only, where the goal's rules allow it
+        (:func:`.plan.build`)."""
+        key = (tuple(sorted(shapes.items())), longest and bool(self.syntax.lengths), each and not longest and bool(self.syntax.lengths))
+        every = (*key[:2], False)
+        if key[2] and every in self._plans and self._plans[every].allowed.size * len(self._plans[every].goal) < EACH:
+            key = every  # (the same plan: a goal this small is computed whole)
         if key in self._plans:
             self._plans.move_to_end(key)
             return self._plans[key]
         with _no_collection():
-            plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts, key[1])
+            plan = build(self.rules, self.syntax, self.levels, closure.shapes(self.closures, shapes), self._layouts, key[1], key[2])
             fuse(plan)
+        if key[2] and plan.per_example is None:
+            key = every
         self._plans[key] = plan
         if len(self._plans) > PLANS:
             self._plans.popitem(last=False)
@@ -202,8 +209,8 @@ class Program:
         else the one a run would make (``longest``: a run without lengths), so that checking and
         running make one plan, not two."""
         sizes = tuple(sorted(shapes.items()))
-        made = self._plans.get((sizes, False)) or self._plans.get((sizes, True))
-        return made if made is not None else self.plan(shapes, longest)
+        made = next((p for kind in ((False, False), (True, False), (False, True)) if (p := self._plans.get((sizes, *kind)))), None)
+        return made if made is not None else self.plan(shapes, longest, each=not longest)
 
     def lengths_allowed(self, shapes: dict[str, tuple[int, ...]], longest: bool = False) -> np.ndarray:
         """The values of ``n`` the goal is defined at for these shapes (``longest``: a hint, for
@@ -304,7 +311,9 @@ class Program:
         """The run of the plan for ``shapes`` on ``elements`` (memory limits checked)."""
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
-        plan = self.plan(shapes, _without(lengths))
+        without = _without(lengths)
+        cpu = all(x.device.type == "cpu" for x in elements.values()) and all(x.device.type == "cpu" for x in lengths.values() if x is not None) if lengths else True
+        plan = self.plan(shapes, without, each=not without and cpu and type(semiring) in (LogSemiring, MaxSemiring))
         like = next((x for x in elements.values() if x.is_floating_point()), None)
         if like is not None:
             limits.check(plan, batch, like.element_size() * math.prod(like.shape[:semiring.extra]))
