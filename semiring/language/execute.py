@@ -231,7 +231,7 @@ class Run:
 
     def sources(self, elements: list[Tensor]) -> dict[str, Tensor]:
         """Every input flat, ``[*, B, positions]`` (an integer input of indices: ``[B, positions]``, int64),
-        and a goal at each example's lengths' own (:meth:`goal_inputs`)."""
+        and where the plan computes the goal at each example's lengths, that goal's (:meth:`goal_inputs`)."""
         out = {name: x.reshape(x.shape[0], -1).long().contiguous() if name in self.plan.looked_up
                else x.reshape(*x.shape[: self.lead + 1], -1).contiguous() for name, x in zip(self.names, elements)}
         if self.plan.per_example is not None:

@@ -312,8 +312,8 @@ class Program:
         if lengths is not None and not isinstance(lengths, Mapping):
             lengths = {self.syntax.lengths[0]: lengths}
         without = _without(lengths)
-        cpu = all(x.device.type == "cpu" for x in elements.values()) and all(x.device.type == "cpu" for x in lengths.values() if x is not None) if lengths else True
-        plan = self.plan(shapes, without, each=not without and cpu and type(semiring) in (LogSemiring, MaxSemiring))
+        on_cpu = all(x.device.type == "cpu" for x in [*elements.values(), *(v for v in (lengths or {}).values() if v is not None)])
+        plan = self.plan(shapes, without, each=not without and on_cpu and type(semiring) in (LogSemiring, MaxSemiring))
         like = next((x for x in elements.values() if x.is_floating_point()), None)
         if like is not None:
             limits.check(plan, batch, like.element_size() * math.prod(like.shape[:semiring.extra]))
