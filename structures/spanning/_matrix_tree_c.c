@@ -106,11 +106,36 @@ INLINE void transpose(double *restrict T, const double *restrict W, idx ldw, idx
         }
 }
 
-/* y[i] = exp(y[i] - c[i cs]) for i < len (cs 0: one shift c[0]; 1: one per entry); *flushed gains -1 in a
- * lane per finite difference below -708 (a weight flushed to 0) */
-INLINE void exp_shifted(double *y, idx len, const double *c, idx cs, vid *flushed) {
+#if ISAS_X86
+/* exp_shifted's whole vectors of eight (AVX-512's, where ``wide``): returns how many entries it did */
+AVX512 static inline idx exp_shifted_x8(double *y, idx len, const double *c, idx cs, vid *flushed) {
+    const vd8 zero = {0}, low = zero - 708.0, none = zero - INFINITY, c0 = zero + c[0];
+    vid8 flushed8 = {0};
+    idx i = 0;
+    for (; i + 8 <= len; i += 8) {
+        vd8 x, s = c0;
+        memcpy(&x, y + i, 64);
+        if (cs) memcpy(&s, c + i, 64);
+        x -= s;
+        flushed8 += (x < low) & (x > none);
+        const vd8 e = exp_f64x8(x);
+        memcpy(y + i, &e, 64);
+    }
+    for (int t = 0; t < 8; t++) (*flushed)[t % LANES_f64] += flushed8[t];
+    return i;
+}
+#endif
+
+/* y[i] = exp(y[i] - c[i cs]) for i < len (cs 0: one shift c[0]; 1: one per entry), eight at a time where
+ * ``wide`` (the same bits: the lanes are independent); *flushed gains -1 in a lane per finite difference
+ * below -708 (a weight flushed to 0) */
+INLINE void exp_shifted(double *y, idx len, const double *c, idx cs, vid *flushed, int wide) {
     const vd zero = {0}, low = zero - 708.0, none = zero - INFINITY, c0 = zero + c[0];
-    for (idx i = 0; i < len; i += LANES_f64) {
+    idx i = 0;
+#if ISAS_X86
+    if (wide) i = exp_shifted_x8(y, len, c, cs, flushed);
+#endif
+    for (; i < len; i += LANES_f64) {
         const idx lanes = len - i < LANES_f64 ? len - i : LANES_f64;
         vd x = none;
         if (lanes == LANES_f64) x = vload(y + i) - (cs ? vload(c + i) : c0);
@@ -136,7 +161,7 @@ INLINE idx finish_max(double *c, idx n) {
  * exp(theta[h, m] - c_m) for words m and heads h != m, 0 in column 0 and on the diagonal; returns
  * Σ c_m (c_m: word m's max score, 0 where it has no finite one), or NAN where the example is not
  * ok (a NaN or +inf score, a weight flushed to 0). tmp: n+1 scratch doubles, c: n+1. */
-INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw, double *tmp, double *c) {
+INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw, double *tmp, double *c, int wide) {
     idx bad = 0; /* a count, which vectorizes */
     for (idx m = 1; m <= n; m++) c[m] = -INFINITY;
     for (idx h = 0; h <= n; h++) {
@@ -158,7 +183,7 @@ INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw
     for (idx m = 1; m <= n; m++) shift += c[m];
     c[0] = INFINITY; /* column 0 becomes exp(-inf) = 0 */
     vid flushed = {0};
-    for (idx h = 0; h <= n; h++) exp_shifted(W + h * ldw, n + 1, c, 1, &flushed);
+    for (idx h = 0; h <= n; h++) exp_shifted(W + h * ldw, n + 1, c, 1, &flushed, wide);
     for (int t = 0; t < LANES_f64; t++) bad += flushed[t] != 0;
     return bad ? NAN : shift;
 }
@@ -166,7 +191,7 @@ INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw
 /* load() transposed, for the elimination, which reads each word's heads: T [n, n] (T[m, h] =
  * exp(theta[h+1, m+1] - c_m), 0 on the diagonal) and root [n] (root[m] = exp(theta[0, m+1] - c_m)),
  * the same weights, with no [n+1, n+1] copy between; returns Σ c_m or NAN as load(). c: n scratch. */
-INLINE double load_heads(const void *theta, int f32, idx n1, idx n, double *T, double *root, double *c) {
+INLINE double load_heads(const void *theta, int f32, idx n1, idx n, double *T, double *root, double *c, int wide) {
     /* T[m, h] = theta[h+1, m+1] in 8 x 8 tiles (see transpose()) */
 #define HEADS(TYPE)                                                                                             \
     do {                                                                                                        \
@@ -211,9 +236,9 @@ INLINE double load_heads(const void *theta, int f32, idx n1, idx n, double *T, d
     vid flushed = {0};
     for (idx m = 0; m < n; m++) {
         shift += c[m];
-        exp_shifted(T + m * n, n, c + m, 0, &flushed);
+        exp_shifted(T + m * n, n, c + m, 0, &flushed, wide);
     }
-    exp_shifted(root, n, c, 1, &flushed);
+    exp_shifted(root, n, c, 1, &flushed, wide);
     for (int t = 0; t < LANES_f64; t++) bad += flushed[t] != 0;
     return bad ? NAN : shift;
 }
@@ -361,14 +386,22 @@ INLINE double gth_log_partition(double *T, const double *root, idx n, int single
     } else {
         memcpy(g, root, sizeof(double) * n);
     }
-    double logdet = 0.0;
+    /* Σ log d_k as log of the pivots' product, held as mant 2^ex with mant in [1/2, 1) (each product's
+     * rounding is u relative, as each log's was; pivots lie in [LOW, DBL_MAX): products stay normal) */
+    double mant = 1.0;
+    int64_t ex = 0;
     for (idx k0 = 0; k0 < n; k0 += KB) {
         const idx k1 = k0 + KB < n ? k0 + KB : n;
         for (idx k = k0; k < k1; k++) { /* the panel's words, one at a time over whole rows */
             const double *restrict lo = T + k * n; /* lo[i], i > k: the arc k <- i (unscaled: Lo_ik d_k) */
             const double dk = g[k] + sum(lo + k + 1, n - k - 1);
             if (!(dk >= LOW) || dk == INFINITY) return NAN;
-            logdet += log(dk);
+            uint64_t bits;
+            mant *= dk;
+            memcpy(&bits, &mant, sizeof bits);
+            ex += (int64_t)(bits >> 52) - 1022; /* (the sign bit is 0) */
+            bits = (bits & 0x000fffffffffffffULL) | 0x3fe0000000000000ULL;
+            memcpy(&mant, &bits, sizeof mant);
             d[k] = 1.0 / dk; /* d is the reciprocal pivots from here (a multiplication is cheaper) */
             for (idx j = k + 1; j < k1; j++) {
                 double *restrict row = T + j * n;
@@ -382,6 +415,8 @@ INLINE double gth_log_partition(double *T, const double *root, idx n, int single
         panel_rows(T, n, k1, n, k0, k1, T, d, 1.0, g, g, P);
         rank_update(T, T, n, k1, n, k0, k1, k1, n, 1.0, wide);
     }
+    /* ex ln 2 in two parts, the first exact for |ex| < 2^20 (ex is at most n 1024 in magnitude) */
+    const double logdet = log(mant) + ((double)ex * 6.93147180369123816490e-01 + (double)ex * 1.90821492927058770002e-10);
     if (!single_root) return logdet;
     /* K = (I - Lo) D (I - Up): v = (I - Up)^{-1} D^{-1} (I - Lo)^{-1} w, additions only */
     for (idx k = 0; k < n; k++) {
@@ -620,7 +655,7 @@ INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wid
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
     for (idx b = b0; b < b1; b++) {
         const idx n = a->lengths.len ? lengths[b] : N;
-        const double shift = load_heads(theta + b * stride, a->f32, n1, n, T, root, c);
+        const double shift = load_heads(theta + b * stride, a->f32, n1, n, T, root, c, wide);
         const double z = isnan(shift) ? NAN : gth_log_partition(T, root, n, a->single_root, g, w, d, P, wide);
         ((uint8_t *)a->ok.buf)[b] = !isnan(z);
         ((double *)a->logz.buf)[b] = z + shift;
@@ -653,7 +688,7 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
     for (idx b = b0; b < b1; b++) {
         const idx n = a->lengths.len ? lengths[b] : N;
         double *W = (double *)a->mu.buf + b * n1 * n1;
-        const double shift = load(theta + b * stride, a->f32, n1, n, W, n1, tmp, c);
+        const double shift = load(theta + b * stride, a->f32, n1, n, W, n1, tmp, c, wide);
         int ok = 0;
         const double z = isnan(shift) ? NAN : certified_marginals(W, n1, n, a->single_root, &wk, &ok, wide);
         /* zeros off the example's arcs (padding rows and columns) */
