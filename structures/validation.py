@@ -13,6 +13,11 @@ from typing import Iterator, Mapping, Sequence, Union
 import torch
 from torch import Tensor
 
+try:  # the one-pass value check in C (structures/_values.c, built at install time where a C compiler is)
+    from . import _values
+except ImportError:
+    _values = None
+
 Lengths = Union[Tensor, Mapping[str, Tensor], Sequence[Tensor], None]
 
 _chosen: ContextVar[bool | None] = ContextVar("validate_args", default=None)
@@ -90,20 +95,13 @@ def check_values(*named: tuple[str, Tensor | None]) -> None:
     values of all of them read at once (one synchronisation on a GPU, however many tensors)."""
     if not validating():
         return
-    given = [(name, x.detach(), _overflow_limit(x)) for name, x in named if x is not None and x.numel()]
-    doubtful = _not_cleared(given)
-    if not doubtful:
-        return
-    # NaN if any is, +inf if any is: one pass over each, read once for all
-    read = torch.stack([v for _, x, _ in doubtful for v in torch.aminmax(x)]).tolist()
-    for (name, x, limit), low, top in zip(doubtful, read[::2], read[1::2]):
-        if math.isnan(top):
+    given = [(name, x.detach()) for name, x in named if x is not None and x.numel()]
+    for (name, x), (nan, posinf, largest) in zip(given, _scanned([x for _, x in given])):
+        if nan:
             raise ValueError(f"{name}: contains NaN")
-        if top == math.inf:
+        if posinf:
             raise ValueError(f"{name}: contains +inf (potentials are log-scores; -inf forbids a part)")
-        if low == -math.inf and top > -math.inf:  # the smallest finite entry needs another pass
-            low = x.masked_fill(torch.isneginf(x), math.inf).amin().item()
-        largest = max(abs(top), abs(low)) if top > -math.inf else 0.0
+        limit = _overflow_limit(x)
         if largest > limit:
             raise ValueError(f"{name}: finite entries up to {float(largest):.3g} in magnitude; sums of them overflow "
                              f"{_computed_in(x)} (at most {limit:.3g} here: rescale, or use float64)")
@@ -117,24 +115,34 @@ def _computed_in(x: Tensor) -> torch.dtype:
 def _overflow_limit(x: Tensor) -> float:
     """The largest magnitude of ``x``'s entries whose sums, one entry per part of an example (at most
     ``x.shape[1:]`` of them), cannot overflow the dtype they are computed in."""
-    return torch.finfo(_computed_in(x)).max / max(1, math.prod(x.shape[1:]))
+    return _largest_float(_computed_in(x)) / max(1, math.prod(x.shape[1:]))
 
 
-def _not_cleared(given: list[tuple[str, Tensor, float]]) -> list[tuple[str, Tensor, float]]:
-    """Those of ``(name, x, limit)`` that one BLAS pass does not clear, read at once: on the CPU, where
-    a pass over the values (not a synchronisation) is the cost, a finite sum of squares of a contiguous
-    float32 or float64 ``x`` means no NaN or infinite entry, and bounds every entry's magnitude by its
-    square root (aminmax takes 6x as long: one core, a million floats). The others (with -inf entries,
-    on a GPU) take the exact check."""
-    screened = [i for i, (_, x, _) in enumerate(given)
-                if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.is_contiguous()]
-    if not screened:
-        return given
-    flat = [given[i][1].view(-1) for i in screened]
-    dots = [torch.dot(v, v) for v in flat]
-    squares = [dots[0].item()] if len(dots) == 1 else torch.stack(dots).tolist()
-    cleared = {i for i, s in zip(screened, squares) if math.isfinite(s) and math.sqrt(s) <= given[i][2]}
-    return [g for i, g in enumerate(given) if i not in cleared]
+@functools.lru_cache(maxsize=None)
+def _largest_float(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).max
+
+
+def _scanned(xs: list[Tensor]) -> list[tuple[bool, bool, float]]:
+    """``(any NaN, any +inf, the largest magnitude of a finite entry)`` of each tensor (none empty):
+    by one C pass (:mod:`structures._values`) where it is a contiguous float32 or float64 CPU tensor
+    (a torch reduction and its read cost tens of microseconds each when the caches are cold); the
+    others' by ``aminmax``, read at once (one synchronisation on a GPU, however many tensors)."""
+    out: list = [None] * len(xs)
+    rest = []
+    for i, x in enumerate(xs):
+        if _values is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and x.is_contiguous():
+            out[i] = _values.scan(x.data_ptr(), x.numel(), x.dtype == torch.float32)
+        else:
+            rest.append(i)
+    if rest:
+        read = torch.stack([v for i in rest for v in torch.aminmax(xs[i])]).tolist()
+        for i, low, top in zip(rest, read[::2], read[1::2]):
+            if low == -math.inf and top > -math.inf:  # the smallest finite entry needs another pass
+                low = xs[i].masked_fill(torch.isneginf(xs[i]), math.inf).amin().item()
+            largest = max(abs(top), abs(low)) if -math.inf < top < math.inf else 0.0
+            out[i] = (math.isnan(top), top == math.inf, largest)
+    return out
 
 
 def check_emission_scores(emissions: Tensor, transitions: Tensor, start: Tensor | None, end: Tensor | None) -> None:

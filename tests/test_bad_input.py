@@ -6,6 +6,7 @@ emission CRFs."""
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from torch.testing import assert_close
 
 from brute import FAMILIES, crosses, is_tree, random_lengths, random_potentials
 from structures import EmissionCRF, LinearChainCRF, NonProjectiveDependencyCRF, ProjectiveDependencyCRF, SecondOrderDependencyCRF
+from structures import validation
 from structures.nn import CRF, SubtreeAttention, TreeLSTM
 
 N = 4
@@ -107,13 +109,17 @@ def test_the_tree_layers_answer_an_empty_batch_with_empty_outputs():
 SPECIAL = st.sampled_from([math.nan, math.inf, -math.inf, 3e38, -3e38, 1e300, 5e33, 4e33, -4e33, 1e19, 2.5])
 
 
+@pytest.mark.parametrize("c_pass", [True, False], ids=["C pass", "torch"])
 @settings(max_examples=150, deadline=None)
 @given(entries=st.lists(st.tuples(st.integers(0, 2 * 3 * 4 * 4 - 1), SPECIAL), max_size=3),
        dtype=st.sampled_from([torch.float32, torch.float64]), transposed=st.booleans())
-def test_potentials_are_refused_exactly_for_nan_plus_inf_or_entries_whose_sums_overflow(entries, dtype, transposed):
-    """The rule, checked plainly against the checks' screen (a sum of squares on the CPU) and exact
-    pass: NaN or +inf anywhere, or a finite entry beyond ``finfo.max / (N-1) C²`` (one per part of an
-    example), is a ValueError naming the potentials; anything else (-inf included) is accepted."""
+def test_potentials_are_refused_exactly_for_nan_plus_inf_or_entries_whose_sums_overflow(c_pass, entries, dtype, transposed):
+    """The rule, checked plainly against the checks' C pass (contiguous CPU tensors, where it is
+    built) and torch's reductions: NaN or +inf anywhere, or a finite entry beyond ``finfo.max /
+    (N-1) C²`` (one per part of an example), is a ValueError naming the potentials; anything else
+    (-inf included) is accepted."""
+    if c_pass and validation._values is None:
+        pytest.skip("the C extension structures._values is not built")
     theta = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     for i, v in entries:
         theta.view(-1)[i] = v
@@ -122,8 +128,27 @@ def test_potentials_are_refused_exactly_for_nan_plus_inf_or_entries_whose_sums_o
     finite = theta[theta.isfinite()].abs()
     limit = torch.finfo(dtype).max / (3 * 4 * 4)
     refused = bool(theta.isnan().any() or (theta == math.inf).any() or (finite.numel() and finite.max() > limit))
-    if refused:
-        with pytest.raises(ValueError, match="log_potentials"):
+    with mock.patch.object(validation, "_values", validation._values if c_pass else None):
+        if refused:
+            with pytest.raises(ValueError, match="log_potentials"):
+                LinearChainCRF(theta)
+        else:
             LinearChainCRF(theta)
-    else:
-        LinearChainCRF(theta)
+
+
+@pytest.mark.skipif(validation._values is None, reason="the C extension structures._values is not built")
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(width=64), SPECIAL, st.sampled_from([0.0, -0.0, 5e-320, 1e-40])),
+                       min_size=1, max_size=70),
+       dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_the_c_pass_finds_nan_plus_inf_and_the_largest_finite_magnitude_on_every_instruction_set(values, dtype):
+    x = torch.tensor(values, dtype=torch.float64).to(dtype)
+    finite = x[x.isfinite()].abs()
+    expected = (bool(x.isnan().any()), bool((x == math.inf).any()), float(finite.max()) if finite.numel() else 0.0)
+    was = validation._values.isa()
+    try:
+        for isa in validation._values.isas():
+            validation._values.set_isa(isa)
+            assert validation._values.scan(x.data_ptr(), x.numel(), dtype == torch.float32) == expected, isa
+    finally:
+        validation._values.set_isa(was)

@@ -1,0 +1,117 @@
+/* The potentials' value check of structures/validation.py in one pass over a contiguous float32 or
+ * float64 CPU buffer (optional: without it, torch's reductions run):
+ *
+ *   scan(address, count, f32) -> (nan, posinf, largest)
+ *
+ * nan, posinf: whether any entry is NaN / +inf; largest: the largest magnitude of a finite entry (0
+ * without one). address is a tensor's data_ptr(): the caller holds the tensor for the call. One
+ * entry point, because each torch reduction and read costs tens of microseconds when the caches are
+ * cold, far more than the pass itself. The pass is compiled for each of _vector.h's instruction
+ * sets (the CPU's best chosen when the module loads); the GIL is released for it. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../semiring/_vector.h"
+
+typedef struct {
+    int nan, posinf;
+    double largest;
+} Stats;
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* The pass over count entries of type T (32-byte vectors of LANES integer lanes VI, their magnitude's bits
+ * under ABS, +inf's bits INF): the largest |x| compared as integers (the order of the magnitudes' bits is
+ * theirs, +inf's above every finite one and NaN's above it), four vectors in flight. Below INF: no NaN,
+ * no infinite entry, and that is the answer. Otherwise a second pass, entry by entry, tells NaN and +inf
+ * from -inf (allowed: it forbids a part) and finds the largest finite magnitude. */
+#define SCAN(T, U, VI, LANES, ABS, INF)                                                                   \
+    INLINE void scan_##T(const T *x, Py_ssize_t count, Stats *s) {                                        \
+        VI big[4] = {{0}};                                                                                \
+        Py_ssize_t i = 0;                                                                                 \
+        for (; i + 4 * LANES <= count; i += 4 * LANES)                                                    \
+            for (int u = 0; u < 4; u++) {                                                                 \
+                VI v;                                                                                     \
+                memcpy(&v, x + i + u * LANES, sizeof v);                                                  \
+                v &= ABS;                                                                                 \
+                const VI up = v > big[u];                                                                 \
+                big[u] = (v & up) | (big[u] & ~up);                                                       \
+            }                                                                                             \
+        U top = 0;                                                                                        \
+        for (int u = 0; u < 4; u++)                                                                       \
+            for (int t = 0; t < LANES; t++) top = (U)big[u][t] > top ? (U)big[u][t] : top;                \
+        for (; i < count; i++) {                                                                          \
+            U v;                                                                                          \
+            memcpy(&v, x + i, sizeof v);                                                                  \
+            v &= ABS;                                                                                     \
+            top = v > top ? v : top;                                                                      \
+        }                                                                                                 \
+        if (top < INF) {                                                                                  \
+            T largest;                                                                                    \
+            memcpy(&largest, &top, sizeof largest);                                                       \
+            s->largest = largest;                                                                         \
+            return;                                                                                       \
+        }                                                                                                 \
+        double largest = 0.0;                                                                             \
+        for (Py_ssize_t j = 0; j < count; j++) {                                                          \
+            const double a = fabs((double)x[j]);                                                          \
+            s->nan |= x[j] != x[j];                                                                       \
+            s->posinf |= x[j] == (T)INFINITY;                                                             \
+            largest = a > largest && a < INFINITY ? a : largest;                                          \
+        }                                                                                                 \
+        s->largest = largest;                                                                             \
+    }
+SCAN(float, uint32_t, vif, LANES_f32, 0x7fffffff, 0x7f800000u)
+SCAN(double, uint64_t, vid, LANES_f64, 0x7fffffffffffffffLL, 0x7ff0000000000000ULL)
+
+typedef void ScanFn(const void *x, Py_ssize_t count, int f32, Stats *s);
+
+#define DRIVER(ISA, TARGET)                                                                               \
+    TARGET static void scan##ISA(const void *x, Py_ssize_t count, int f32, Stats *s) {                    \
+        if (f32) scan_float(x, count, s);                                                                 \
+        else scan_double(x, count, s);                                                                    \
+    }
+DRIVER(_base, )
+#if ISAS_X86
+DRIVER(_avx2, AVX2)
+DRIVER(_avx512, AVX512)
+static ScanFn *const RUN[] = {scan_base, scan_avx2, scan_avx512};
+#else
+static ScanFn *const RUN[] = {scan_base};
+#endif
+
+static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scan(address, count, f32) takes 3 arguments");
+        return NULL;
+    }
+    const void *x = PyLong_AsVoidPtr(args[0]);
+    const Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    const int f32 = PyObject_IsTrue(args[2]);
+    if (PyErr_Occurred()) return NULL;
+    if (!x || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "scan: expected a data address and a count >= 0");
+        return NULL;
+    }
+    Stats s = {0, 0, 0.0};
+    Py_BEGIN_ALLOW_THREADS
+    RUN[isa](x, count, f32, &s);
+    Py_END_ALLOW_THREADS
+    return Py_BuildValue("(OOd)", s.nan ? Py_True : Py_False, s.posinf ? Py_True : Py_False, s.largest);
+}
+
+static PyMethodDef methods[] = {
+    {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
+     "scan(address, count, f32) -> (nan, posinf, largest finite magnitude) of a contiguous float32/float64 buffer"},
+    ISA_METHODS
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_values", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__values(void) {
+    choose_best_isa();
+    return PyModule_Create(&module);
+}
