@@ -23,14 +23,15 @@ typedef struct {
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* The pass over count entries of type T (32-byte vectors of LANES integer lanes VI, their magnitude's bits
- * under ABS, +inf's bits INF): the largest |x| compared as integers (the order of the magnitudes' bits is
- * theirs, +inf's above every finite one and NaN's above it), four vectors in flight. Below INF: no NaN,
- * no infinite entry, and that is the answer. Otherwise a second pass, entry by entry, tells NaN and +inf
- * from -inf (allowed: it forbids a part) and finds the largest finite magnitude. */
+/* The pass over count entries of type T (as integers U; 32-byte vectors of LANES integer lanes VI, the
+ * magnitude's bits under ABS, +inf's bits INF), four vectors in flight: the largest |x| compared as
+ * integers (the order of the magnitudes' bits is theirs, +inf's above every finite one and NaN's above
+ * it). Below INF: no NaN, no infinite entry, and that is the answer. Otherwise a second pass tells NaN
+ * and +inf from -inf (allowed: it forbids a part) and finds the largest finite magnitude. */
 #define SCAN(T, U, VI, LANES, ABS, INF)                                                                   \
     INLINE void scan_##T(const T *x, Py_ssize_t count, Stats *s) {                                        \
-        VI big[4] = {{0}};                                                                                \
+        const VI zero = {0}, inf = zero + (U)(INF);                                                       \
+        VI big[4] = {zero, zero, zero, zero};                                                             \
         Py_ssize_t i = 0;                                                                                 \
         for (; i + 4 * LANES <= count; i += 4 * LANES)                                                    \
             for (int u = 0; u < 4; u++) {                                                                 \
@@ -49,19 +50,37 @@ typedef struct {
             v &= ABS;                                                                                     \
             top = v > top ? v : top;                                                                      \
         }                                                                                                 \
-        if (top < INF) {                                                                                  \
-            T largest;                                                                                    \
-            memcpy(&largest, &top, sizeof largest);                                                       \
-            s->largest = largest;                                                                         \
-            return;                                                                                       \
+        if (top >= INF) { /* the second pass: the largest below INF, NaN (above it), +inf (INF, sign 0) */ \
+            VI nans = zero, posinfs = zero;                                                               \
+            for (int u = 0; u < 4; u++) big[u] = zero;                                                    \
+            for (i = 0; i + 4 * LANES <= count; i += 4 * LANES)                                           \
+                for (int u = 0; u < 4; u++) {                                                             \
+                    VI b;                                                                                 \
+                    memcpy(&b, x + i + u * LANES, sizeof b);                                              \
+                    const VI v = b & ABS;                                                                 \
+                    nans |= v > inf;                                                                      \
+                    posinfs |= b == inf;                                                                  \
+                    const VI up = (v > big[u]) & (v < inf);                                               \
+                    big[u] = (v & up) | (big[u] & ~up);                                                   \
+                }                                                                                         \
+            top = 0;                                                                                      \
+            for (int u = 0; u < 4; u++)                                                                   \
+                for (int t = 0; t < LANES; t++) top = (U)big[u][t] > top ? (U)big[u][t] : top;            \
+            for (int t = 0; t < LANES; t++) {                                                             \
+                s->nan |= nans[t] != 0;                                                                   \
+                s->posinf |= posinfs[t] != 0;                                                             \
+            }                                                                                             \
+            for (; i < count; i++) {                                                                      \
+                U b;                                                                                      \
+                memcpy(&b, x + i, sizeof b);                                                              \
+                const U v = b & ABS;                                                                      \
+                s->nan |= v > INF;                                                                        \
+                s->posinf |= b == INF;                                                                    \
+                top = v > top && v < INF ? v : top;                                                       \
+            }                                                                                             \
         }                                                                                                 \
-        double largest = 0.0;                                                                             \
-        for (Py_ssize_t j = 0; j < count; j++) {                                                          \
-            const double a = fabs((double)x[j]);                                                          \
-            s->nan |= x[j] != x[j];                                                                       \
-            s->posinf |= x[j] == (T)INFINITY;                                                             \
-            largest = a > largest && a < INFINITY ? a : largest;                                          \
-        }                                                                                                 \
+        T largest;                                                                                        \
+        memcpy(&largest, &top, sizeof largest);                                                           \
         s->largest = largest;                                                                             \
     }
 SCAN(float, uint32_t, vif, LANES_f32, 0x7fffffff, 0x7f800000u)
