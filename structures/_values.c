@@ -23,62 +23,51 @@ typedef struct {
 
 #define INLINE static inline __attribute__((always_inline))
 
-/* The pass over count entries of type T (as integers U; 32-byte vectors of LANES integer lanes VI, the
- * magnitude's bits under ABS, +inf's bits INF), four vectors in flight: the largest |x| compared as
+/* The passes over count entries of type T (as integers U; 32-byte vectors of LANES integer lanes VI, the
+ * magnitude's bits under ABS, +inf's bits INF), four vectors in flight, comparing magnitudes as
  * integers (the order of the magnitudes' bits is theirs, +inf's above every finite one and NaN's above
- * it). Below INF: no NaN, no infinite entry, and that is the answer. Otherwise a second pass tells NaN
- * and +inf from -inf (allowed: it forbids a part) and finds the largest finite magnitude. */
+ * it). The first takes the largest |x| of all: below INF, there is no NaN and no infinite entry, and
+ * that is the answer. Otherwise the second (``exact``) takes the largest below INF and tells NaN (above
+ * it) and +inf (INF, sign 0) from -inf, which is allowed: it forbids a part. */
 #define SCAN(T, U, VI, LANES, ABS, INF)                                                                   \
-    INLINE void scan_##T(const T *x, Py_ssize_t count, Stats *s) {                                        \
+    INLINE U largest_##T(const T *x, Py_ssize_t count, int exact, Stats *s) {                             \
         const VI zero = {0}, inf = zero + (U)(INF);                                                       \
-        VI big[4] = {zero, zero, zero, zero};                                                             \
+        VI big[4] = {zero, zero, zero, zero}, nans = zero, posinfs = zero;                                \
         Py_ssize_t i = 0;                                                                                 \
         for (; i + 4 * LANES <= count; i += 4 * LANES)                                                    \
             for (int u = 0; u < 4; u++) {                                                                 \
-                VI v;                                                                                     \
-                memcpy(&v, x + i + u * LANES, sizeof v);                                                  \
-                v &= ABS;                                                                                 \
-                const VI up = v > big[u];                                                                 \
+                VI b;                                                                                     \
+                memcpy(&b, x + i + u * LANES, sizeof b);                                                  \
+                const VI v = b & ABS;                                                                     \
+                VI up = v > big[u];                                                                       \
+                if (exact) {                                                                              \
+                    nans |= v > inf;                                                                      \
+                    posinfs |= b == inf;                                                                  \
+                    up &= v < inf;                                                                        \
+                }                                                                                         \
                 big[u] = (v & up) | (big[u] & ~up);                                                       \
             }                                                                                             \
         U top = 0;                                                                                        \
-        for (int u = 0; u < 4; u++)                                                                       \
-            for (int t = 0; t < LANES; t++) top = (U)big[u][t] > top ? (U)big[u][t] : top;                \
-        for (; i < count; i++) {                                                                          \
-            U v;                                                                                          \
-            memcpy(&v, x + i, sizeof v);                                                                  \
-            v &= ABS;                                                                                     \
-            top = v > top ? v : top;                                                                      \
+        for (int t = 0; t < LANES; t++) {                                                                 \
+            for (int u = 0; u < 4; u++) top = (U)big[u][t] > top ? (U)big[u][t] : top;                    \
+            s->nan |= nans[t] != 0;                                                                       \
+            s->posinf |= posinfs[t] != 0;                                                                 \
         }                                                                                                 \
-        if (top >= INF) { /* the second pass: the largest below INF, NaN (above it), +inf (INF, sign 0) */ \
-            VI nans = zero, posinfs = zero;                                                               \
-            for (int u = 0; u < 4; u++) big[u] = zero;                                                    \
-            for (i = 0; i + 4 * LANES <= count; i += 4 * LANES)                                           \
-                for (int u = 0; u < 4; u++) {                                                             \
-                    VI b;                                                                                 \
-                    memcpy(&b, x + i + u * LANES, sizeof b);                                              \
-                    const VI v = b & ABS;                                                                 \
-                    nans |= v > inf;                                                                      \
-                    posinfs |= b == inf;                                                                  \
-                    const VI up = (v > big[u]) & (v < inf);                                               \
-                    big[u] = (v & up) | (big[u] & ~up);                                                   \
-                }                                                                                         \
-            top = 0;                                                                                      \
-            for (int u = 0; u < 4; u++)                                                                   \
-                for (int t = 0; t < LANES; t++) top = (U)big[u][t] > top ? (U)big[u][t] : top;            \
-            for (int t = 0; t < LANES; t++) {                                                             \
-                s->nan |= nans[t] != 0;                                                                   \
-                s->posinf |= posinfs[t] != 0;                                                             \
-            }                                                                                             \
-            for (; i < count; i++) {                                                                      \
-                U b;                                                                                      \
-                memcpy(&b, x + i, sizeof b);                                                              \
-                const U v = b & ABS;                                                                      \
+        for (; i < count; i++) {                                                                          \
+            U b;                                                                                          \
+            memcpy(&b, x + i, sizeof b);                                                                  \
+            const U v = b & ABS;                                                                          \
+            if (exact) {                                                                                  \
                 s->nan |= v > INF;                                                                        \
                 s->posinf |= b == INF;                                                                    \
-                top = v > top && v < INF ? v : top;                                                       \
             }                                                                                             \
+            top = v > top && (!exact || v < INF) ? v : top;                                               \
         }                                                                                                 \
+        return top;                                                                                       \
+    }                                                                                                     \
+    INLINE void scan_##T(const T *x, Py_ssize_t count, Stats *s) {                                        \
+        U top = largest_##T(x, count, 0, s);                                                              \
+        if (top >= INF) top = largest_##T(x, count, 1, s);                                               \
         T largest;                                                                                        \
         memcpy(&largest, &top, sizeof largest);                                                           \
         s->largest = largest;                                                                             \
