@@ -269,6 +269,26 @@ def test_fast_path_on_mixed_lengths_matches_high_precision(single_root, fast_pat
 
 
 @ROOTS
+def test_marginals_in_float32_are_the_float64_ones_rounded_once(single_root, fast_path):
+    """``mu_dtype=float32`` (what a float32 distribution's marginals ask for): the same numbers as the
+    float64 marginals rounded, on every path (the C path writes them at once; examples it does not
+    certify, one without a tree and padding included), and the distribution's marginals are those."""
+    g = gen(60 + single_root)
+    theta = torch.randn(6, 12, 12, generator=g) * 3
+    theta[1] *= 40  # large scales: the certificate fails, the exact path answers
+    theta[4, 0] = -math.inf  # no arc from the root: no tree
+    lengths = torch.tensor([11, 11, 1, 7, 11, 5])
+    info: dict = {}
+    z64, mu64 = log_partition_and_marginals(theta, lengths, single_root, info=info)
+    z32, mu32 = log_partition_and_marginals(theta, lengths, single_root, mu_dtype=torch.float32)
+    assert info["method"][1] != "fast" and mu32.dtype == torch.float32
+    assert z64[4] == -math.inf and mu64[4].abs().sum() == 0
+    assert torch.equal(z32, z64) and torch.equal(mu32, mu64.float())
+    crf = NonProjectiveDependencyCRF(theta, lengths, single_root=single_root)
+    assert torch.equal(crf.marginals, mu64.float())
+
+
+@ROOTS
 @pytest.mark.parametrize("marginals", [False, True], ids=["log_partition", "marginals"])
 def test_c_path_splits_the_batch_across_threads_with_the_same_bits(single_root, marginals, monkeypatch):
     """With torch's threads the C call splits the batch into parts, one thread each, and every
@@ -296,10 +316,10 @@ def test_c_path_splits_the_batch_across_threads_with_the_same_bits(single_root, 
     was = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = partition._in_c(theta, lengths, single_root, marginals)
+        one = partition._in_c(theta, lengths, single_root, marginals, torch.float64)
         monkeypatch.setattr(partition, "_THREAD_WORK", 1)
         torch.set_num_threads(3)
-        three = partition._in_c(theta, lengths, single_root, marginals)
+        three = partition._in_c(theta, lengths, single_root, marginals, torch.float64)
     finally:
         torch.set_num_threads(was)
     assert parts == [1, 3]

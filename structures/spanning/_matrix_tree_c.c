@@ -19,12 +19,14 @@
  *   |X| instead of their a-priori values (no sign assumption on the computed factors), and adds
  *   the error of the weights themselves (below).
  *
- * Both take theta, a C-contiguous float32 or float64 [B, n1, n1] buffer (theta[b, h, m]: the arc
+ * Both take the addresses of C-contiguous tensors (the caller's, not copied; their sizes are the
+ * caller's to get right): theta float32 or float64 [B, n1, n1] (theta[b, h, m]: the arc
  * h -> m, row 0 the root; column 0 and the diagonal are ignored), lengths (int64 [B], 1..n1-1
- * words: example b is its leading (lengths[b]+1)^2 block, padding contributes nothing; empty:
+ * words: example b is its leading (lengths[b]+1)^2 block, padding contributes nothing; 0:
  * every example n1-1 words), write float64 logz [B] and uint8 (or bool) ok [B], and return the number of
  * examples not ok; marginals also writes
- * float64 mu [B, n1, n1] (0 off each example's arcs). Each word's scores are shifted by their max before exp: the weights lie in
+ * mu [B, n1, n1] (0 off each example's arcs), float64 or (mu_is_float32) float32: computed in float64 and rounded once,
+ * with no float64 copy of the batch (a fresh one costs a page fault per 4 KiB on some machines). Each word's scores are shifted by their max before exp: the weights lie in
  * [0, 1], the exp (_vector.h's) is within a few ulps, and the shift's rounding is below 708 u relative;
  * an example with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
  *
@@ -614,33 +616,21 @@ INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Wo
 /* ------------------------------------------------------------------------------- bindings */
 
 typedef struct {
-    Py_buffer theta, lengths, logz, ok, mu;
+    const char *theta;
+    const int64_t *lengths; /* NULL: every example n1-1 words */
+    double *logz;
+    void *mu; /* float64, or float32 where mu32 */
+    uint8_t *ok;
     idx B, n1;
-    int f32, single_root;
+    int f32, single_root, mu32;
 } Args;
 
-static void release(Args *a, int with_mu) {
-    PyBuffer_Release(&a->theta);
-    PyBuffer_Release(&a->lengths);
-    PyBuffer_Release(&a->logz);
-    PyBuffer_Release(&a->ok);
-    if (with_mu) PyBuffer_Release(&a->mu);
-}
-
-/* checks the buffers' sizes and the lengths; 0 with a ValueError set otherwise */
-static int check(Args *a, int with_mu) {
-    const idx item = a->f32 ? (idx)sizeof(float) : (idx)sizeof(double);
-    int good = a->n1 >= 2 && a->theta.len == a->B * a->n1 * a->n1 * item
-               && (a->lengths.len == 0 || a->lengths.len == a->B * (idx)sizeof(int64_t))
-               && a->logz.len == a->B * (idx)sizeof(double) && a->ok.len == a->B
-               && (!with_mu || a->mu.len == a->B * a->n1 * a->n1 * (idx)sizeof(double));
-    for (idx b = 0; good && a->lengths.len && b < a->B; b++) {
-        const int64_t n = ((const int64_t *)a->lengths.buf)[b];
-        good = n >= 1 && n < a->n1;
-    }
-    if (!good)
-        PyErr_SetString(PyExc_ValueError, "expected theta float32/float64 [B, n1, n1], int64 lengths [B] in 1..n1-1 (or empty), "
-                                          "float64 logz [B], uint8 or bool ok [B] (and float64 mu [B, n1, n1])");
+/* checks the sizes and the lengths; 0 with a ValueError set otherwise (the addresses are the caller's
+ * tensors' own: their sizes are the caller's to get right) */
+static int check(const Args *a) {
+    int good = a->n1 >= 2 && a->B >= 0 && (a->B == 0 || (a->theta && a->logz && a->ok));
+    for (idx b = 0; good && a->lengths && b < a->B; b++) good = a->lengths[b] >= 1 && a->lengths[b] < a->n1;
+    if (!good) PyErr_SetString(PyExc_ValueError, "expected n1 >= 2, B >= 0, lengths in 1..n1-1 and addresses of theta, logz and ok");
     return good;
 }
 
@@ -650,15 +640,13 @@ INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wid
     double *buf = malloc(sizeof(double) * (N * N + (5 + KB) * n1));
     if (!buf) return 0;
     double *T = buf, *root = T + N * N, *g = root + n1, *w = g + n1, *d = w + n1, *c = d + n1, *P = c + n1;
-    const int64_t *lengths = a->lengths.buf;
-    const char *theta = a->theta.buf;
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
     for (idx b = b0; b < b1; b++) {
-        const idx n = a->lengths.len ? lengths[b] : N;
-        const double shift = load_heads(theta + b * stride, a->f32, n1, n, T, root, c, wide);
+        const idx n = a->lengths ? a->lengths[b] : N;
+        const double shift = load_heads(a->theta + b * stride, a->f32, n1, n, T, root, c, wide);
         const double z = isnan(shift) ? NAN : gth_log_partition(T, root, n, a->single_root, g, w, d, P, wide);
-        ((uint8_t *)a->ok.buf)[b] = !isnan(z);
-        ((double *)a->logz.buf)[b] = z + shift;
+        a->ok[b] = !isnan(z);
+        a->logz[b] = z + shift;
     }
     free(buf);
     return 1;
@@ -667,7 +655,8 @@ INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wid
 INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
     const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
-    double *buf = malloc(sizeof(double) * (N * N + n1 * N + (10 + KB) * n1));
+    /* float32 marginals: each example's weights and marginals in float64 here, rounded once into mu */
+    double *buf = malloc(sizeof(double) * (N * N + n1 * N + (10 + KB) * n1 + (a->mu32 ? n1 * n1 : 0)));
     if (!buf) return 0;
     Work wk;
     wk.A = buf;
@@ -682,20 +671,28 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
     wk.diag = wk.tmp + n1;
     double *c = wk.diag + n1, *tmp = c + n1;
     wk.P = tmp + n1;
-    const int64_t *lengths = a->lengths.buf;
-    const char *theta = a->theta.buf;
+    double *const W32 = wk.P + KB * n1; /* (mu32) */
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
     for (idx b = b0; b < b1; b++) {
-        const idx n = a->lengths.len ? lengths[b] : N;
-        double *W = (double *)a->mu.buf + b * n1 * n1;
-        const double shift = load(theta + b * stride, a->f32, n1, n, W, n1, tmp, c, wide);
+        const idx n = a->lengths ? a->lengths[b] : N;
+        double *W = a->mu32 ? W32 : (double *)a->mu + b * n1 * n1;
+        const double shift = load(a->theta + b * stride, a->f32, n1, n, W, n1, tmp, c, wide);
         int ok = 0;
         const double z = isnan(shift) ? NAN : certified_marginals(W, n1, n, a->single_root, &wk, &ok, wide);
         /* zeros off the example's arcs (padding rows and columns) */
-        for (idx h = 0; h <= n; h++) memset(W + h * n1 + n + 1, 0, sizeof(double) * (N - n));
-        memset(W + (n + 1) * n1, 0, sizeof(double) * n1 * (N - n));
-        ((uint8_t *)a->ok.buf)[b] = ok;
-        ((double *)a->logz.buf)[b] = z + shift;
+        if (a->mu32) {
+            float *mu = (float *)a->mu + b * n1 * n1;
+            for (idx h = 0; h <= n; h++) {
+                for (idx m = 0; m <= n; m++) mu[h * n1 + m] = (float)W[h * n1 + m];
+                memset(mu + h * n1 + n + 1, 0, sizeof(float) * (N - n));
+            }
+            memset(mu + (n + 1) * n1, 0, sizeof(float) * n1 * (N - n));
+        } else {
+            for (idx h = 0; h <= n; h++) memset(W + h * n1 + n + 1, 0, sizeof(double) * (N - n));
+            memset(W + (n + 1) * n1, 0, sizeof(double) * n1 * (N - n));
+        }
+        a->ok[b] = ok;
+        a->logz[b] = z + shift;
     }
     free(buf);
     return 1;
@@ -717,26 +714,24 @@ static PartFn *const RUN[][2] = {{log_partition_base, marginals_base}};
 #endif
 
 static PyObject *entry(PyObject *args, int with_mu) {
-    Args a;
-    Py_ssize_t parts;
-    int parsed = with_mu ? PyArg_ParseTuple(args, "y*pnny*pw*w*w*n", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok, &a.mu, &parts)
-                         : PyArg_ParseTuple(args, "y*pnny*pw*w*n", &a.theta, &a.f32, &a.B, &a.n1, &a.lengths, &a.single_root, &a.logz, &a.ok, &parts);
+    Args a = {0};
+    Py_ssize_t theta, lengths, logz, ok, mu = 0, parts;
+    int parsed = with_mu ? PyArg_ParseTuple(args, "npnnnpnnnpn", &theta, &a.f32, &a.B, &a.n1, &lengths, &a.single_root, &logz, &ok, &mu, &a.mu32, &parts)
+                         : PyArg_ParseTuple(args, "npnnnpnnn", &theta, &a.f32, &a.B, &a.n1, &lengths, &a.single_root, &logz, &ok, &parts);
     if (!parsed) return NULL;
-    PyObject *result = NULL;
-    if (check(&a, with_mu)) {
-        int ran;
-        Py_BEGIN_ALLOW_THREADS
-        ran = split_batch(RUN[isa][with_mu], &a, a.B, parts);
-        Py_END_ALLOW_THREADS
-        if (!ran) PyErr_NoMemory();
-        else {
-            idx failed = 0;
-            for (idx b = 0; b < a.B; b++) failed += !((const uint8_t *)a.ok.buf)[b];
-            result = PyLong_FromSsize_t(failed);
-        }
+    a.theta = (const char *)theta, a.lengths = (const int64_t *)lengths, a.logz = (double *)logz, a.ok = (uint8_t *)ok, a.mu = (void *)mu;
+    if (!check(&a) || (with_mu && a.B && !a.mu)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "expected the address of mu");
+        return NULL;
     }
-    release(&a, with_mu);
-    return result;
+    int ran;
+    Py_BEGIN_ALLOW_THREADS
+    ran = split_batch(RUN[isa][with_mu], &a, a.B, parts);
+    Py_END_ALLOW_THREADS
+    if (!ran) return PyErr_NoMemory();
+    idx failed = 0;
+    for (idx b = 0; b < a.B; b++) failed += !a.ok[b];
+    return PyLong_FromSsize_t(failed);
 }
 
 static PyObject *log_partition(PyObject *self, PyObject *args) { return entry(args, 0); }
@@ -746,10 +741,10 @@ static PyObject *marginals(PyObject *self, PyObject *args) { return entry(args, 
 static PyMethodDef methods[] = {
     {"log_partition", log_partition, METH_VARARGS,
      "log_partition(theta, is_float32, B, n1, lengths, single_root, logz, ok, parts): exact log Z, in place, the batch in parts "
-     "on as many threads; returns how many examples are not ok."},
+     "on as many threads; returns how many examples are not ok. theta, lengths (0: none), logz and ok are addresses."},
     {"marginals", marginals, METH_VARARGS,
-     "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu, parts): certified log Z and marginals, in place, "
-     "the batch in parts on as many threads; returns how many examples are not ok."},
+     "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu, mu_is_float32, parts): certified log Z and marginals, in place, "
+     "the batch in parts on as many threads; returns how many examples are not ok. The tensors are passed by address."},
     ISA_METHODS
     {NULL, NULL, 0, NULL},
 };

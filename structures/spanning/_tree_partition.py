@@ -252,8 +252,10 @@ def solve(logW: Tensor, real: Tensor, single_root: bool, fast: bool = True, info
 
 def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_root: bool, fast: bool = True,
                                 info: dict | None = None, marginals: bool = True,
-                                device_path: bool | None = None) -> tuple[Tensor, Tensor | None]:
-    """``(log Z [B], μ [B, N+1, N+1])`` in float64, exactly (see the module doc). ``fast=False``
+                                device_path: bool | None = None,
+                                mu_dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor | None]:
+    """``(log Z [B], μ [B, N+1, N+1])``, log Z in float64 and μ in ``mu_dtype`` (computed in float64,
+    rounded once: the C path writes them so, without a float64 copy), exactly (see the module doc). ``fast=False``
     skips the fast paths; ``info['certified']`` (``[B]`` bool, on θ's device) tells where the fast
     path answered and, off the device path, ``info['method']`` which path answered each example
     (``fast``: the certified path or, for log Z alone, the C elimination; ``lin``, ``log``,
@@ -274,9 +276,9 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
             rows = rare.nonzero().squeeze(1)  # the one synchronisation of the device path
             if rows.numel():
                 _exact_rows(x, lengths, single_root, rows, logZ, mu)
-        return logZ, mu
+        return logZ, None if mu is None else mu.to(mu_dtype)
     if fast and _matrix_tree_c is not None and dev.type == "cpu":
-        logZ, mu, ok, failed = _in_c(x, lengths, single_root, marginals)
+        logZ, mu, ok, failed = _in_c(x, lengths, single_root, marginals, mu_dtype)
     elif fast:
         logZ, mu, ok = _fast(x, single_root, marginals, _masks(N1 - 1, lengths, dev))
         failed = not bool(ok.all())
@@ -285,12 +287,12 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
             if info is not None:
                 info["method"] = ["fast"] * B
                 info["certified"] = ok
-            return logZ, mu
+            return logZ, None if mu is None else mu.to(mu_dtype)
         rows = (~ok).nonzero().squeeze(1)
         method = ["fast" if o else "" for o in ok.tolist()]
     else:
         logZ = x.new_zeros(B, dtype=torch.float64)
-        mu = x.new_zeros(B, N1, N1, dtype=torch.float64) if marginals else None
+        mu = x.new_zeros(B, N1, N1, dtype=mu_dtype) if marginals else None
         rows = torch.arange(B, device=dev)
         method = [""] * B
     for i, name in zip(rows.tolist(), _exact_rows(x, lengths, single_root, rows, logZ, mu)):
@@ -298,7 +300,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     if info is not None:
         info["method"] = method
         info["certified"] = torch.tensor([m == "fast" for m in method], dtype=torch.bool, device=dev)
-    return logZ, mu
+    return logZ, None if mu is None else mu.to(mu_dtype)
 
 
 def _fast(x: Tensor, single_root: bool, marginals: bool,
@@ -332,7 +334,7 @@ def _exact_rows(x: Tensor, lengths: Tensor | None, single_root: bool, rows: Tens
     z, m = solve(logW, _real(real, B, N1 - 1, x.device)[rows], single_root, False, sub)
     logZ[rows] = z + c.sum(1)
     if mu is not None:
-        mu[rows] = m
+        mu[rows] = m.to(mu.dtype)
     return sub["method"]
 
 
@@ -391,8 +393,8 @@ def _shifted(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
     return out, c
 
 
-def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool,
-          marginals: bool) -> tuple[Tensor, Tensor | None, Tensor, int]:
+def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool,
+          mu_dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, int]:
     """``(log Z [B], μ [B, N+1, N+1] or None, ok [B], how many not ok)`` on the CPU by the C extension
     (``_matrix_tree_c.c``), every example at its own length: log Z alone by the subtraction-free
     elimination (exact at any scale, no certificate), with the marginals by the certified path of
@@ -402,15 +404,17 @@ def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool,
     B, N1, _ = x.shape
     t = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)
     t = t.contiguous()
-    n = b"" if lengths is None else lengths.to(torch.int64).contiguous().numpy()  # empty: every example N words
+    n = None if lengths is None else lengths.to(torch.int64).contiguous()
     logZ = torch.empty(B, dtype=torch.float64)
     ok = torch.empty(B, dtype=torch.bool)
     parts = max(1, min(torch.get_num_threads(), B, B * (N1 - 1) ** 3 // _THREAD_WORK))
-    args = (t.numpy(), t.dtype == torch.float32, B, N1, n, single_root, logZ.numpy(), ok.numpy())
+    # (addresses, not numpy views: a view costs more than the C call at small sizes)
+    args = (t.data_ptr(), t.dtype == torch.float32, B, N1, 0 if n is None else n.data_ptr(), single_root, logZ.data_ptr(), ok.data_ptr())
     if not marginals:
         return logZ, None, ok, _matrix_tree_c.log_partition(*args, parts)
-    mu = torch.empty(B, N1, N1, dtype=torch.float64)
-    return logZ, mu, ok, _matrix_tree_c.marginals(*args, mu.numpy(), parts)
+    mu32 = mu_dtype == torch.float32
+    mu = torch.empty(B, N1, N1, dtype=torch.float32 if mu32 else torch.float64)
+    return logZ, mu, ok, _matrix_tree_c.marginals(*args, mu.data_ptr(), mu32, parts)
 
 
 _THREAD_WORK = 1 << 20

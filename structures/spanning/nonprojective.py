@@ -169,10 +169,14 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
     def _marginals_exact(self) -> Tensor:
         """The exact marginals, differentiable (through :class:`Marginals`) when θ requires grad;
         no autograd round trip through log Z otherwise."""
-        _, mu, certified = self._exact_result(self._theta, self._lengths)
-        if self._theta.requires_grad:
-            return Marginals.apply(self._theta, mu, self.lengths, self.single_root, certified)
-        return mu.to(self._theta.dtype) if mu.dtype != self._theta.dtype else mu.clone()
+        theta = self._theta
+        if not theta.requires_grad and self._memo_key(theta, self._lengths) not in self._cache:
+            # no backward to prepare: the marginals in θ's dtype at once, not kept (no float64 copy)
+            return log_partition_and_marginals(theta, self._lengths, self.single_root, mu_dtype=theta.dtype)[1]
+        _, mu, certified = self._exact_result(theta, self._lengths)
+        if theta.requires_grad:
+            return Marginals.apply(theta, mu, self.lengths, self.single_root, certified)
+        return mu.to(theta.dtype) if mu.dtype != theta.dtype else mu.clone()
 
     def _expectation(self, theta: Tensor, v: Tensor, base: sr.Semiring) -> Tensor:
         """E_p⟨v, z⟩ = ⟨μ(θ), v⟩ (its gradient w.r.t. θ is the Hessian-vector product H v)."""
