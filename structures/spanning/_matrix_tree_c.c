@@ -346,6 +346,55 @@ INLINE void panel_rows(double *X, idx n, idx j0, idx j1, idx k0, idx k1, const d
         for (idx t = 0; t < kb; t++) X[(j0 + j) * n + k0 + t] = P[t * m + j];
 }
 
+#if ISAS_X86
+/* the 8 x 8 transpose of v[0..7] in registers (AVX-512): row r's lane t becomes v[t]'s lane r */
+INLINE void transpose8(vd8 v[8]) {
+    const vid8 lo = {0, 8, 2, 10, 4, 12, 6, 14}, hi = {1, 9, 3, 11, 5, 13, 7, 15};
+    const vid8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const vid8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    vd8 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) t[i] = __builtin_shuffle(v[i], v[i + 1], lo), t[i + 1] = __builtin_shuffle(v[i], v[i + 1], hi);
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = __builtin_shuffle(t[i], t[i + 2], lo2), u[i + 1] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
+        u[i + 2] = __builtin_shuffle(t[i], t[i + 2], hi2), u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
+    }
+    for (int i = 0; i < 4; i++) v[i] = __builtin_shuffle(u[i], u[i + 4], lo4), v[i + 4] = __builtin_shuffle(u[i], u[i + 4], hi4);
+}
+
+/* panel_rows for a panel of eight columns (AVX-512): eight rows at a time, their columns
+ * transposed in registers instead of through P (whose scalar stores, read back as vectors, stall);
+ * the same operations on each entry in the same order (the same bits). The last rows (fewer than
+ * eight) by panel_rows. */
+INLINE void panel_rows8(double *X, idx n, idx j0, idx j1, idx k0, const double *L, const double *scale, double sign,
+                        double *g, const double *gk, double *P) {
+    idx j = j0;
+    for (; j + 8 <= j1; j += 8) {
+        vd8 v[8], gv = {0};
+        for (int r = 0; r < 8; r++) memcpy(&v[r], X + (j + r) * n + k0, 64);
+        transpose8(v);
+        if (g) memcpy(&gv, g + j, 64);
+        for (int t = 0; t < 8; t++) {
+            if (scale) {
+                const double sc = scale[k0 + t];
+                v[t] *= (vd8){sc, sc, sc, sc, sc, sc, sc, sc};
+            }
+            if (g) {
+                const double gt = gk[k0 + t];
+                gv += (vd8){gt, gt, gt, gt, gt, gt, gt, gt} * v[t];
+            }
+            for (int t2 = t + 1; t2 < 8; t2++) {
+                const double c = sign * L[(k0 + t) * n + k0 + t2];
+                v[t2] += (vd8){c, c, c, c, c, c, c, c} * v[t];
+            }
+        }
+        if (g) memcpy(g + j, &gv, 64);
+        transpose8(v);
+        for (int r = 0; r < 8; r++) memcpy(X + (j + r) * n + k0, &v[r], 64);
+    }
+    if (j < j1) panel_rows(X, n, j, j1, k0, k0 + 8, L, scale, sign, g, gk, P);
+}
+#endif
+
 /* the back substitution's panel_rows: for t = kb-1 down to 0, P[t] *= inv[k0+t], then
  * P[t2] -= U[k0+t, k0+t2] P[t] for t2 < t */
 INLINE void panel_rows_down(double *X, idx n, idx j0, idx j1, idx k0, idx k1, const double *U, const double *inv, double *P) {
@@ -414,6 +463,10 @@ INLINE double gth_log_partition(double *T, const double *root, idx n, int single
             }
         }
         /* every later row: the panel's eliminations, its own columns (Up[k, j]) first, then one pass */
+#if ISAS_X86
+        if (wide && k1 - k0 == 8) panel_rows8(T, n, k1, n, k0, T, d, 1.0, g, g, P);
+        else
+#endif
         panel_rows(T, n, k1, n, k0, k1, T, d, 1.0, g, g, P);
         rank_update(T, T, n, k1, n, k0, k1, k1, n, 1.0, wide);
     }
@@ -463,6 +516,10 @@ INLINE double lu(double *A, idx n, double *s, double *P, int wide) {
             }
         }
         /* every later row: the panel's updates, its own columns (U[k, j]) first, then one pass */
+#if ISAS_X86
+        if (wide && k1 - k0 == 8) panel_rows8(A, n, k1, n, k0, A, NULL, -1.0, NULL, NULL, P);
+        else
+#endif
         panel_rows(A, n, k1, n, k0, k1, A, NULL, -1.0, NULL, NULL, P);
         rank_update(A, A, n, k1, n, k0, k1, k1, n, -1.0, wide);
     }
