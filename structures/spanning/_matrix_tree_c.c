@@ -97,12 +97,41 @@ INLINE double sum(const double *restrict a, idx n) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+#if ISAS_X86
+/* the 8 x 8 transpose of v[0..7] in registers (AVX-512): row r's lane t becomes v[t]'s lane r */
+INLINE void transpose8(vd8 v[8]) {
+    const vid8 lo = {0, 8, 2, 10, 4, 12, 6, 14}, hi = {1, 9, 3, 11, 5, 13, 7, 15};
+    const vid8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const vid8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    vd8 t[8], u[8];
+    for (int i = 0; i < 8; i += 2) t[i] = __builtin_shuffle(v[i], v[i + 1], lo), t[i + 1] = __builtin_shuffle(v[i], v[i + 1], hi);
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = __builtin_shuffle(t[i], t[i + 2], lo2), u[i + 1] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
+        u[i + 2] = __builtin_shuffle(t[i], t[i + 2], hi2), u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
+    }
+    for (int i = 0; i < 4; i++) v[i] = __builtin_shuffle(u[i], u[i + 4], lo4), v[i + 4] = __builtin_shuffle(u[i], u[i + 4], hi4);
+}
+#endif
+
 /* T[m, h] = sign W[h, m] for h, m < n (W: stride ldw; T: stride n), in 8 x 8 tiles (a column
- * written one entry at a time would meet the same cache sets at power-of-two strides) */
-INLINE void transpose(double *restrict T, const double *restrict W, idx ldw, idx n, double sign) {
+ * written one entry at a time would meet the same cache sets at power-of-two strides), whole tiles
+ * in registers where ``wide`` */
+INLINE void transpose(double *restrict T, const double *restrict W, idx ldw, idx n, double sign, int wide) {
     for (idx h0 = 0; h0 < n; h0 += 8)
         for (idx m0 = 0; m0 < n; m0 += 8) {
             const idx h1 = h0 + 8 < n ? h0 + 8 : n, m1 = m0 + 8 < n ? m0 + 8 : n;
+#if ISAS_X86
+            if (wide && h1 - h0 == 8 && m1 - m0 == 8) {
+                vd8 v[8];
+                for (int q = 0; q < 8; q++) memcpy(&v[q], W + (h0 + q) * ldw + m0, 64);
+                transpose8(v);
+                for (int q = 0; q < 8; q++) {
+                    v[q] *= (vd8){sign, sign, sign, sign, sign, sign, sign, sign};
+                    memcpy(T + (m0 + q) * n + h0, &v[q], 64);
+                }
+                continue;
+            }
+#endif
             for (idx m = m0; m < m1; m++)
                 for (idx h = h0; h < h1; h++) T[m * n + h] = sign * W[h * ldw + m];
         }
@@ -347,20 +376,6 @@ INLINE void panel_rows(double *X, idx n, idx j0, idx j1, idx k0, idx k1, const d
 }
 
 #if ISAS_X86
-/* the 8 x 8 transpose of v[0..7] in registers (AVX-512): row r's lane t becomes v[t]'s lane r */
-INLINE void transpose8(vd8 v[8]) {
-    const vid8 lo = {0, 8, 2, 10, 4, 12, 6, 14}, hi = {1, 9, 3, 11, 5, 13, 7, 15};
-    const vid8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-    const vid8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
-    vd8 t[8], u[8];
-    for (int i = 0; i < 8; i += 2) t[i] = __builtin_shuffle(v[i], v[i + 1], lo), t[i + 1] = __builtin_shuffle(v[i], v[i + 1], hi);
-    for (int i = 0; i < 8; i += 4) {
-        u[i] = __builtin_shuffle(t[i], t[i + 2], lo2), u[i + 1] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
-        u[i + 2] = __builtin_shuffle(t[i], t[i + 2], hi2), u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
-    }
-    for (int i = 0; i < 4; i++) v[i] = __builtin_shuffle(u[i], u[i + 4], lo4), v[i + 4] = __builtin_shuffle(u[i], u[i + 4], hi4);
-}
-
 /* panel_rows for a panel of eight columns (AVX-512): eight rows at a time, their columns
  * transposed in registers instead of through P (whose scalar stores, read back as vectors, stall);
  * the same operations on each entry in the same order (the same bits). The last rows (fewer than
@@ -598,8 +613,16 @@ INLINE void solve_identity_block(const double *LU, const double *inv, idx n, dou
         }
         block_update(Yt, LU, n, b0, b1, 0, b0);
     }
-    for (idx r = 0; r < R; r++)
-        for (idx i = 0; i < n; i++) X[(j0 + r) * n + i] = Yt[i * BLOCK + r];
+    idx i = 0;
+    for (; i + 8 <= n; i += 8) /* X[j0 + r, i..i+8) = Yt[i..i+8, r], 8 x 8 tiles transposed in registers */
+        for (idx r0 = 0; r0 < R; r0 += 8) {
+            vd8 v[8];
+            for (int q = 0; q < 8; q++) v[q] = ld8(Yt + (i + q) * BLOCK + r0);
+            transpose8(v);
+            for (idx r = r0; r < R && r < r0 + 8; r++) st8(X + (j0 + r) * n + i, v[r - r0]);
+        }
+    for (; i < n; i++)
+        for (idx r = 0; r < R; r++) X[(j0 + r) * n + i] = Yt[i * BLOCK + r];
 }
 #endif
 
@@ -636,7 +659,7 @@ INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Wo
     const double gam = 4.0 * n * UNIT;
     *ok = 0;
     for (idx m = 0; m < n; m++) r[m] = W[m + 1];
-    transpose(A, W + ldw + 1, ldw, n, -1.0);
+    transpose(A, W + ldw + 1, ldw, n, -1.0, wide);
     idx c0 = 0;
     double *v = X + n * n, *w_in = wk->tmp;
     for (idx m = 0; m < n; m++) A[m * n + m] = -sum(A + m * n, n) + (single_root ? 0.0 : r[m]);
