@@ -223,45 +223,93 @@ INLINE double load(const void *theta, int f32, idx n1, idx n, double *W, idx ldw
  * exp(theta[h+1, m+1] - c_m), 0 on the diagonal) and root [n] (root[m] = exp(theta[0, m+1] - c_m)),
  * the same weights, with no [n+1, n+1] copy between; returns Σ c_m or NAN as load(). c: n scratch. */
 INLINE double load_heads(const void *theta, int f32, idx n1, idx n, double *T, double *root, double *c, int wide) {
-    /* T[m, h] = theta[h+1, m+1] in 8 x 8 tiles (see transpose()) */
+    /* T[m, h] = theta[h+1, m+1] (-inf on the diagonal) in 8 x 8 tiles (see transpose()), whole tiles in
+     * registers where ``wide``, and c_m, the largest (a NaN counted, not compared) of T[m, .] and root[m]:
+     * in the tiles' pass where ``wide``, by a pass over T's rows otherwise */
+    idx nans = 0;
+#if ISAS_X86
+    vid8 nans8 = {0};
+#endif
 #define HEADS(TYPE)                                                                                             \
     do {                                                                                                        \
         const TYPE *th = (const TYPE *)theta;                                                                   \
-        for (idx m = 0; m < n; m++) root[m] = th[m + 1];                                                        \
+        for (idx m = 0; m < n; m++) root[m] = th[m + 1], c[m] = -INFINITY;                                      \
         for (idx h0 = 0; h0 < n; h0 += 8)                                                                       \
             for (idx m0 = 0; m0 < n; m0 += 8) {                                                                 \
                 const idx h1 = h0 + 8 < n ? h0 + 8 : n, m1 = m0 + 8 < n ? m0 + 8 : n;                           \
+                if (WIDE_TILES && wide && h1 - h0 == 8 && m1 - m0 == 8) {                                      \
+                    LOAD8(TYPE)                                                                                 \
+                    continue;                                                                                   \
+                }                                                                                               \
                 for (idx m = m0; m < m1; m++)                                                                   \
-                    for (idx h = h0; h < h1; h++) T[m * n + h] = th[(h + 1) * n1 + m + 1];                      \
+                    for (idx h = h0; h < h1; h++) {                                                             \
+                        const double x = th[(h + 1) * n1 + m + 1];                                              \
+                        T[m * n + h] = x;                                                                       \
+                        if (wide && h != m) nans += x != x, c[m] = x > c[m] ? x : c[m];                         \
+                    }                                                                                           \
             }                                                                                                   \
+        for (idx m = 0; m < n; m++) T[m * n + m] = -INFINITY;                                                   \
     } while (0)
+#if ISAS_X86
+#define WIDE_TILES 1
+    /* a tile: rows h0.. of theta's columns m0+1.. as doubles; their maxima into c[m0..]; transposed */
+#define LOAD8(TYPE)                                                                                             \
+    vd8 v[8], best;                                                                                             \
+    for (int q = 0; q < 8; q++) {                                                                               \
+        const TYPE *src = th + (h0 + q + 1) * n1 + m0 + 1;                                                      \
+        if (sizeof(TYPE) == 4) {                                                                                \
+            float f[8];                                                                                         \
+            memcpy(f, src, 32);                                                                                 \
+            v[q] = (vd8){f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};                                       \
+        } else {                                                                                                \
+            memcpy(&v[q], src, 64);                                                                             \
+        }                                                                                                       \
+        if (h0 == m0) v[q][q] = -INFINITY;                                                                      \
+    }                                                                                                           \
+    memcpy(&best, c + m0, 64);                                                                                  \
+    for (int q = 0; q < 8; q++) {                                                                               \
+        nans8 -= v[q] != v[q];                                                                                  \
+        const vid8 up = v[q] > best;                                                                            \
+        best = (vd8)(((vid8)v[q] & up) | ((vid8)best & ~up));                                                   \
+    }                                                                                                           \
+    memcpy(c + m0, &best, 64);                                                                                  \
+    transpose8(v);                                                                                              \
+    for (int q = 0; q < 8; q++) memcpy(T + (m0 + q) * n + h0, &v[q], 64);
+#else
+#define WIDE_TILES 0
+#define LOAD8(TYPE)
+#endif
     if (f32) HEADS(float);
     else HEADS(double);
 #undef HEADS
-    const vd none = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    vid nans = {0}; /* -1 per lane and NaN */
-    for (idx m = 0; m < n; m++) { /* c_m, each row's max in lanes (a scalar max is a chain of dependent compares) */
-        double *row = T + m * n;
-        row[m] = -INFINITY;
-        vd best = none;
-        idx h = 0;
-        for (; h + LANES_f64 <= n; h += LANES_f64) {
-            const vd x = vload(row + h);
-            nans += x != x;
-            const vid up = x > best;
-            best = (vd)(((vid)x & up) | ((vid)best & ~up));
+#undef LOAD8
+#undef WIDE_TILES
+#if ISAS_X86
+    for (int t = 0; t < 8; t++) nans += nans8[t];
+#endif
+    if (!wide) { /* the rows' maxima in lanes (a scalar max is a chain of dependent compares) */
+        const vd none = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        vid nans4 = {0}; /* -1 per lane and NaN */
+        for (idx m = 0; m < n; m++) {
+            const double *row = T + m * n;
+            vd best = none;
+            idx h = 0;
+            for (; h + LANES_f64 <= n; h += LANES_f64) {
+                const vd x = vload(row + h);
+                nans4 += x != x;
+                const vid up = x > best;
+                best = (vd)(((vid)x & up) | ((vid)best & ~up));
+            }
+            for (; h < n; h++) nans += row[h] != row[h], c[m] = row[h] > c[m] ? row[h] : c[m];
+            for (int t = 0; t < LANES_f64; t++) c[m] = best[t] > c[m] ? best[t] : c[m];
         }
-        double cm = root[m] > -INFINITY ? root[m] : -INFINITY;
-        nans[0] -= root[m] != root[m];
-        for (; h < n; h++) {
-            nans[0] -= row[h] != row[h];
-            cm = row[h] > cm ? row[h] : cm;
-        }
-        for (int t = 0; t < LANES_f64; t++) cm = best[t] > cm ? best[t] : cm;
-        c[m] = cm;
+        for (int t = 0; t < LANES_f64; t++) nans -= nans4[t];
     }
-    idx bad = 0;
-    for (int t = 0; t < LANES_f64; t++) bad += nans[t] != 0;
+    for (idx m = 0; m < n; m++) {
+        nans += root[m] != root[m];
+        c[m] = root[m] > c[m] ? root[m] : c[m];
+    }
+    idx bad = nans != 0;
     double shift = 0.0;
     bad += finish_max(c, n);
     vid flushed = {0};
