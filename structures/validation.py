@@ -191,6 +191,8 @@ def as_lengths(lengths: object) -> object:
     """``lengths`` as given, with integer tensors of any integer dtype as long tensors and a sequence
     of numbers (a Python list ``[5, 3]``) as one tensor; a sequence of tensors (one per length of
     a structure with several) stays a sequence. What is not integer is left for the checks to name."""
+    if lengths is None:  # (the common case: before the Mapping test, which goes through typing and abc)
+        return None
     if isinstance(lengths, Tensor):
         integer = not (lengths.dtype.is_floating_point or lengths.is_complex() or lengths.dtype == torch.bool)
         return lengths.long() if integer else lengths
