@@ -269,9 +269,9 @@ def test_fast_path_on_mixed_lengths_matches_high_precision(single_root, fast_pat
 
 
 @ROOTS
-def test_marginals_in_float32_are_the_float64_ones_rounded_once(single_root, fast_path):
-    """``mu_dtype=float32`` (what a float32 distribution's marginals ask for): the same numbers as the
-    float64 marginals rounded, on every path (the C path writes them at once; examples it does not
+def test_results_in_float32_are_the_float64_ones_rounded_once(single_root, fast_path):
+    """``dtype=float32`` (what a float32 distribution's queries ask for): the same numbers as log Z
+    and the marginals in float64 rounded, on every path (the C path writes them at once; examples it does not
     certify, one without a tree and padding included), and the distribution's marginals are those."""
     g = gen(60 + single_root)
     theta = torch.randn(6, 12, 12, generator=g) * 3
@@ -280,12 +280,14 @@ def test_marginals_in_float32_are_the_float64_ones_rounded_once(single_root, fas
     lengths = torch.tensor([11, 11, 1, 7, 11, 5])
     info: dict = {}
     z64, mu64 = log_partition_and_marginals(theta, lengths, single_root, info=info)
-    z32, mu32 = log_partition_and_marginals(theta, lengths, single_root, mu_dtype=torch.float32)
-    assert info["method"][1] != "fast" and mu32.dtype == torch.float32
+    z32, mu32 = log_partition_and_marginals(theta, lengths, single_root, dtype=torch.float32)
+    alone = log_partition_and_marginals(theta, lengths, single_root, marginals=False)[0]
+    alone32 = log_partition_and_marginals(theta, lengths, single_root, marginals=False, dtype=torch.float32)[0]
+    assert info["method"][1] != "fast" and z32.dtype == mu32.dtype == alone32.dtype == torch.float32
     assert z64[4] == -math.inf and mu64[4].abs().sum() == 0
-    assert torch.equal(z32, z64) and torch.equal(mu32, mu64.float())
+    assert torch.equal(z32, z64.float()) and torch.equal(mu32, mu64.float()) and torch.equal(alone32, alone.float())
     crf = NonProjectiveDependencyCRF(theta, lengths, single_root=single_root)
-    assert torch.equal(crf.marginals, mu64.float())
+    assert torch.equal(crf.marginals, mu64.float()) and torch.equal(crf.log_partition, alone.float())
 
 
 @ROOTS

@@ -23,10 +23,10 @@
  * caller's to get right): theta float32 or float64 [B, n1, n1] (theta[b, h, m]: the arc
  * h -> m, row 0 the root; column 0 and the diagonal are ignored), lengths (int64 [B], 1..n1-1
  * words: example b is its leading (lengths[b]+1)^2 block, padding contributes nothing; 0:
- * every example n1-1 words), write float64 logz [B] and uint8 (or bool) ok [B], and return the number of
- * examples not ok; marginals also writes
- * mu [B, n1, n1] (0 off each example's arcs), float64 or (mu_is_float32) float32: computed in float64 and rounded once,
- * with no float64 copy of the batch (a fresh one costs a page fault per 4 KiB on some machines). Each word's scores are shifted by their max before exp: the weights lie in
+ * every example n1-1 words), write logz [B] and uint8 (or bool) ok [B], and return the number of
+ * examples not ok; marginals also writes mu [B, n1, n1] (0 off each example's arcs). logz and mu are
+ * float64, or float32 (out_is_float32): computed in float64 and rounded once, with no float64 copy of
+ * the batch (fresh memory costs a page fault per 4 KiB, ~2 us on some machines) and no conversion after. Each word's scores are shifted by their max before exp: the weights lie in
  * [0, 1], the exp (_vector.h's) is within a few ulps, and the shift's rounding is below 708 u relative;
  * an example with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
  *
@@ -828,11 +828,10 @@ INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Wo
 typedef struct {
     const char *theta;
     const int64_t *lengths; /* NULL: every example n1-1 words */
-    double *logz;
-    void *mu; /* float64, or float32 where mu32 */
+    void *logz, *mu; /* float64, or float32 where out32 */
     uint8_t *ok;
     idx B, n1;
-    int f32, single_root, mu32;
+    int f32, single_root, out32;
 } Args;
 
 /* checks the sizes and the lengths; 0 with a ValueError set otherwise (the addresses are the caller's
@@ -842,6 +841,12 @@ static int check(const Args *a) {
     for (idx b = 0; good && a->lengths && b < a->B; b++) good = a->lengths[b] >= 1 && a->lengths[b] < a->n1;
     if (!good) PyErr_SetString(PyExc_ValueError, "expected n1 >= 2, B >= 0, lengths in 1..n1-1 and addresses of theta, logz and ok");
     return good;
+}
+
+/* logz[b] = z, rounded once to float32 where out32 */
+INLINE void put(const Args *a, idx b, double z) {
+    if (a->out32) ((float *)a->logz)[b] = (float)z;
+    else ((double *)a->logz)[b] = z;
 }
 
 INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wide) {
@@ -856,7 +861,7 @@ INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wid
         const double shift = load_heads(a->theta + b * stride, a->f32, n1, n, T, root, c, wide);
         const double z = isnan(shift) ? NAN : gth_log_partition(T, root, n, a->single_root, g, w, d, P, wide);
         a->ok[b] = !isnan(z);
-        a->logz[b] = z + shift;
+        put(a, b, z + shift);
     }
     free(buf);
     return 1;
@@ -866,7 +871,7 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
     const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
     /* float32 marginals: each example's weights and marginals in float64 here, rounded once into mu */
-    double *buf = malloc(sizeof(double) * (N * N + n1 * N + (10 + BLOCK) * n1 + (a->mu32 ? n1 * n1 : 0)));
+    double *buf = malloc(sizeof(double) * (N * N + n1 * N + (10 + BLOCK) * n1 + (a->out32 ? n1 * n1 : 0)));
     if (!buf) return 0;
     Work wk;
     wk.A = buf;
@@ -881,16 +886,16 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
     wk.diag = wk.tmp + n1;
     double *c = wk.diag + n1, *tmp = c + n1;
     wk.P = tmp + n1;
-    double *const W32 = wk.P + BLOCK * n1; /* (mu32) */
+    double *const W32 = wk.P + BLOCK * n1; /* (out32) */
     const idx stride = n1 * n1 * (a->f32 ? sizeof(float) : sizeof(double));
     for (idx b = b0; b < b1; b++) {
         const idx n = a->lengths ? a->lengths[b] : N;
-        double *W = a->mu32 ? W32 : (double *)a->mu + b * n1 * n1;
+        double *W = a->out32 ? W32 : (double *)a->mu + b * n1 * n1;
         const double shift = load(a->theta + b * stride, a->f32, n1, n, W, n1, tmp, c, wide);
         int ok = 0;
         const double z = isnan(shift) ? NAN : certified_marginals(W, n1, n, a->single_root, &wk, &ok, wide);
         /* zeros off the example's arcs (padding rows and columns) */
-        if (a->mu32) {
+        if (a->out32) {
             float *mu = (float *)a->mu + b * n1 * n1;
             for (idx h = 0; h <= n; h++) {
                 for (idx m = 0; m <= n; m++) mu[h * n1 + m] = (float)W[h * n1 + m];
@@ -902,7 +907,7 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
             memset(W + (n + 1) * n1, 0, sizeof(double) * n1 * (N - n));
         }
         a->ok[b] = ok;
-        a->logz[b] = z + shift;
+        put(a, b, z + shift);
     }
     free(buf);
     return 1;
@@ -926,10 +931,10 @@ static PartFn *const RUN[][2] = {{log_partition_base, marginals_base}};
 static PyObject *entry(PyObject *args, int with_mu) {
     Args a = {0};
     Py_ssize_t theta, lengths, logz, ok, mu = 0, parts;
-    int parsed = with_mu ? PyArg_ParseTuple(args, "npnnnpnnnpn", &theta, &a.f32, &a.B, &a.n1, &lengths, &a.single_root, &logz, &ok, &mu, &a.mu32, &parts)
-                         : PyArg_ParseTuple(args, "npnnnpnnn", &theta, &a.f32, &a.B, &a.n1, &lengths, &a.single_root, &logz, &ok, &parts);
+    int parsed = with_mu ? PyArg_ParseTuple(args, "npnnnpnnnpn", &theta, &a.f32, &a.B, &a.n1, &lengths, &a.single_root, &logz, &ok, &mu, &a.out32, &parts)
+                         : PyArg_ParseTuple(args, "npnnnpnnpn", &theta, &a.f32, &a.B, &a.n1, &lengths, &a.single_root, &logz, &ok, &a.out32, &parts);
     if (!parsed) return NULL;
-    a.theta = (const char *)theta, a.lengths = (const int64_t *)lengths, a.logz = (double *)logz, a.ok = (uint8_t *)ok, a.mu = (void *)mu;
+    a.theta = (const char *)theta, a.lengths = (const int64_t *)lengths, a.logz = (void *)logz, a.ok = (uint8_t *)ok, a.mu = (void *)mu;
     if (!check(&a) || (with_mu && a.B && !a.mu)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "expected the address of mu");
         return NULL;
@@ -950,10 +955,10 @@ static PyObject *marginals(PyObject *self, PyObject *args) { return entry(args, 
 
 static PyMethodDef methods[] = {
     {"log_partition", log_partition, METH_VARARGS,
-     "log_partition(theta, is_float32, B, n1, lengths, single_root, logz, ok, parts): exact log Z, in place, the batch in parts "
+     "log_partition(theta, is_float32, B, n1, lengths, single_root, logz, ok, out_is_float32, parts): exact log Z, in place, the batch in parts "
      "on as many threads; returns how many examples are not ok. theta, lengths (0: none), logz and ok are addresses."},
     {"marginals", marginals, METH_VARARGS,
-     "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu, mu_is_float32, parts): certified log Z and marginals, in place, "
+     "marginals(theta, is_float32, B, n1, lengths, single_root, logz, ok, mu, out_is_float32, parts): certified log Z and marginals, in place, "
      "the batch in parts on as many threads; returns how many examples are not ok. The tensors are passed by address."},
     ISA_METHODS
     {NULL, NULL, 0, NULL},

@@ -253,9 +253,9 @@ def solve(logW: Tensor, real: Tensor, single_root: bool, fast: bool = True, info
 def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_root: bool, fast: bool = True,
                                 info: dict | None = None, marginals: bool = True,
                                 device_path: bool | None = None,
-                                mu_dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor | None]:
-    """``(log Z [B], μ [B, N+1, N+1])``, log Z in float64 and μ in ``mu_dtype`` (computed in float64,
-    rounded once: the C path writes them so, without a float64 copy), exactly (see the module doc). ``fast=False``
+                                dtype: torch.dtype = torch.float64) -> tuple[Tensor, Tensor | None]:
+    """``(log Z [B], μ [B, N+1, N+1])`` in ``dtype`` (computed in float64 and rounded once: the C path
+    writes them so, with no float64 copy and no conversion after), exactly (see the module doc). ``fast=False``
     skips the fast paths; ``info['certified']`` (``[B]`` bool, on θ's device) tells where the fast
     path answered and, off the device path, ``info['method']`` which path answered each example
     (``fast``: the certified path or, for log Z alone, the C elimination; ``lin``, ``log``,
@@ -276,9 +276,9 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
             rows = rare.nonzero().squeeze(1)  # the one synchronisation of the device path
             if rows.numel():
                 _exact_rows(x, lengths, single_root, rows, logZ, mu)
-        return logZ, None if mu is None else mu.to(mu_dtype)
+        return logZ.to(dtype), None if mu is None else mu.to(dtype)
     if fast and _matrix_tree_c is not None and dev.type == "cpu":
-        logZ, mu, ok, failed = _in_c(x, lengths, single_root, marginals, mu_dtype)
+        logZ, mu, ok, failed = _in_c(x, lengths, single_root, marginals, dtype)
     elif fast:
         logZ, mu, ok = _fast(x, single_root, marginals, _masks(N1 - 1, lengths, dev))
         failed = not bool(ok.all())
@@ -287,12 +287,12 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
             if info is not None:
                 info["method"] = ["fast"] * B
                 info["certified"] = ok
-            return logZ, None if mu is None else mu.to(mu_dtype)
+            return logZ.to(dtype), None if mu is None else mu.to(dtype)
         rows = (~ok).nonzero().squeeze(1)
         method = ["fast" if o else "" for o in ok.tolist()]
     else:
-        logZ = x.new_zeros(B, dtype=torch.float64)
-        mu = x.new_zeros(B, N1, N1, dtype=mu_dtype) if marginals else None
+        logZ = x.new_zeros(B, dtype=dtype)
+        mu = x.new_zeros(B, N1, N1, dtype=dtype) if marginals else None
         rows = torch.arange(B, device=dev)
         method = [""] * B
     for i, name in zip(rows.tolist(), _exact_rows(x, lengths, single_root, rows, logZ, mu)):
@@ -300,7 +300,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     if info is not None:
         info["method"] = method
         info["certified"] = torch.tensor([m == "fast" for m in method], dtype=torch.bool, device=dev)
-    return logZ, None if mu is None else mu.to(mu_dtype)
+    return logZ.to(dtype), None if mu is None else mu.to(dtype)
 
 
 def _fast(x: Tensor, single_root: bool, marginals: bool,
@@ -332,7 +332,7 @@ def _exact_rows(x: Tensor, lengths: Tensor | None, single_root: bool, rows: Tens
     sub: dict = {}
     logW, c = _shifted(x[rows], None if valid is None else valid[rows])
     z, m = solve(logW, _real(real, B, N1 - 1, x.device)[rows], single_root, False, sub)
-    logZ[rows] = z + c.sum(1)
+    logZ[rows] = (z + c.sum(1)).to(logZ.dtype)
     if mu is not None:
         mu[rows] = m.to(mu.dtype)
     return sub["method"]
@@ -394,7 +394,7 @@ def _shifted(x: Tensor, valid: Tensor | None) -> tuple[Tensor, Tensor]:
 
 
 def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool,
-          mu_dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, int]:
+          dtype: torch.dtype) -> tuple[Tensor, Tensor | None, Tensor, int]:
     """``(log Z [B], μ [B, N+1, N+1] or None, ok [B], how many not ok)`` on the CPU by the C extension
     (``_matrix_tree_c.c``), every example at its own length: log Z alone by the subtraction-free
     elimination (exact at any scale, no certificate), with the marginals by the certified path of
@@ -405,16 +405,17 @@ def _in_c(x: Tensor, lengths: Tensor | None, single_root: bool, marginals: bool,
     t = x if x.dtype in (torch.float32, torch.float64) else x.to(torch.float64)
     t = t.contiguous()
     n = None if lengths is None else lengths.to(torch.int64).contiguous()
-    logZ = torch.empty(B, dtype=torch.float64)
+    out32 = dtype == torch.float32  # (written so by the C call; other dtypes are converted from float64)
+    out = torch.float32 if out32 else torch.float64
+    logZ = torch.empty(B, dtype=out)
     ok = torch.empty(B, dtype=torch.bool)
     parts = max(1, min(torch.get_num_threads(), B, B * (N1 - 1) ** 3 // _THREAD_WORK))
     # (addresses, not numpy views: a view costs more than the C call at small sizes)
     args = (t.data_ptr(), t.dtype == torch.float32, B, N1, 0 if n is None else n.data_ptr(), single_root, logZ.data_ptr(), ok.data_ptr())
     if not marginals:
-        return logZ, None, ok, _matrix_tree_c.log_partition(*args, parts)
-    mu32 = mu_dtype == torch.float32
-    mu = torch.empty(B, N1, N1, dtype=torch.float32 if mu32 else torch.float64)
-    return logZ, mu, ok, _matrix_tree_c.marginals(*args, mu.data_ptr(), mu32, parts)
+        return logZ, None, ok, _matrix_tree_c.log_partition(*args, out32, parts)
+    mu = torch.empty(B, N1, N1, dtype=out)
+    return logZ, mu, ok, _matrix_tree_c.marginals(*args, mu.data_ptr(), out32, parts)
 
 
 _THREAD_WORK = 1 << 20

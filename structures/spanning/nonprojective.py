@@ -108,7 +108,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
         if key in self._cache:
             log_z = self._cache[key][0]
         else:
-            log_z = log_partition_and_marginals(theta, lengths, self.single_root, marginals=False)[0]
+            log_z = log_partition_and_marginals(theta, lengths, self.single_root, marginals=False, dtype=theta.dtype)[0]
         if not theta.requires_grad:  # no backward to prepare
             return log_z.to(theta.dtype)
         return LogPartition.apply(theta, log_z, lambda: (*self._exact_result(theta, lengths), self._len(lengths, theta.shape[0])),
@@ -172,7 +172,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
         theta = self._theta
         if not theta.requires_grad and self._memo_key(theta, self._lengths) not in self._cache:
             # no backward to prepare: the marginals in θ's dtype at once, not kept (no float64 copy)
-            return log_partition_and_marginals(theta, self._lengths, self.single_root, mu_dtype=theta.dtype)[1]
+            return log_partition_and_marginals(theta, self._lengths, self.single_root, dtype=theta.dtype)[1]
         _, mu, certified = self._exact_result(theta, self._lengths)
         if theta.requires_grad:
             return Marginals.apply(theta, mu, self.lengths, self.single_root, certified)
