@@ -56,11 +56,8 @@ class AlignmentCRF(StructuredDistribution):
         if kind not in _PROGRAMS:
             raise ValueError(f"kind: expected one of {sorted(_PROGRAMS)}, got {kind!r}")
         self.kind = kind
+        self.program = _PROGRAMS[kind]  # (an attribute, not a property: the constructor and a query read it 7 times)
         super().__init__(log_potentials, lengths, mask=mask)
-
-    @property
-    def program(self) -> semiring.Program:
-        return _PROGRAMS[self.kind]
 
     def decode(self) -> Tensor:
         """``[B, N+M-1, 2]`` long: the cells ``(i, j)`` of the best path in order, then rows of -1."""

@@ -44,11 +44,8 @@ class ProjectiveDependencyCRF(DependencyTrees, StructuredDistribution):
     def __init__(self, log_potentials: Tensor, lengths: Tensor | None = None, single_root: bool = False, *,
                  mask: Tensor | None = None):
         self.single_root = single_root
+        self.program = _SINGLE if single_root else _MULTI  # (an attribute: read several times a query)
         super().__init__(log_potentials, lengths, mask=mask)
-
-    @property
-    def program(self) -> semiring.Program:
-        return _SINGLE if self.single_root else _MULTI
 
 
 _MULTI = semiring.program(_MULTI_ROOT)

@@ -80,11 +80,8 @@ class SecondOrderDependencyCRF(DependencyTrees, StructuredDistribution):
             B, n1 = log_potentials.shape[:2]
             raise ValueError(f"siblings: expected shape [B, N+1, N+1, N+1] = [{B}, {n1}, {n1}, {n1}], got {list(siblings.shape)}")
         self.single_root = single_root
+        self.program = _SINGLE if single_root else _MULTI  # (an attribute: read several times a query)
         super().__init__(log_potentials, lengths, {"sib": siblings}, mask=mask)
-
-    @property
-    def program(self) -> semiring.Program:
-        return _SINGLE if self.single_root else _MULTI
 
     @classmethod
     @takes_validate_args
