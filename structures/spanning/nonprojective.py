@@ -170,7 +170,7 @@ class NonProjectiveDependencyCRF(DependencyTrees, Distribution):
         """The exact marginals, differentiable (through :class:`Marginals`) when θ requires grad;
         no autograd round trip through log Z otherwise."""
         theta = self._theta
-        if not theta.requires_grad and self._memo_key(theta, self._lengths) not in self._cache:
+        if not theta.requires_grad and not (self._cache and self._memo_key(theta, self._lengths) in self._cache):
             # no backward to prepare: the marginals in θ's dtype at once, not kept (no float64 copy)
             return log_partition_and_marginals(theta, self._lengths, self.single_root, dtype=theta.dtype)[1]
         _, mu, certified = self._exact_result(theta, self._lengths)
