@@ -26,12 +26,16 @@
  * every example n1-1 words), write logz [B] and uint8 (or bool) ok [B], and return the number of
  * examples not ok; marginals also writes mu [B, n1, n1] (0 off each example's arcs). logz and mu are
  * float64, or float32 (out_is_float32): computed in float64 and rounded once, with no float64 copy of
- * the batch (fresh memory costs a page fault per 4 KiB, ~2 us on some machines) and no conversion after. Each word's scores are shifted by their max before exp: the weights lie in
- * [0, 1], the exp (_vector.h's) is within a few ulps, and the shift's rounding is below 708 u relative;
- * an example with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
+ * the batch (fresh memory costs a page fault per 4 KiB, ~2 us on some machines) and no conversion after.
+ * Each word's scores are shifted by their max before exp: the weights lie in [0, 1], the exp
+ * (_vector.h's) is within a few ulps, and the shift's rounding is below 708 u relative; an example
+ * with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
  *
  * The work is the updates of the rows below each panel (rank_update: four rows by eight columns in
- * registers) and the exps. The batch drivers are compiled for each of _vector.h's instruction
+ * registers) and the exps. On AVX-512 a panel's own columns are transposed 8 x 8 in registers
+ * (transpose8), and the inverse's right-hand sides are solved held transposed (solve_identity_block):
+ * scalar transposes through scratch stalled (a vector load of eight just-stored scalars), a third of
+ * the marginals' time. The batch drivers are compiled for each of _vector.h's instruction
  * sets, the CPU's best chosen when the module loads (isas(), isa(), set_isa(name)), and split
  * the batch into the caller's number of parts, on as many threads (_threads.h).
  */
