@@ -34,7 +34,7 @@ setup(ext_modules=[
     Extension("structures._values", ["structures/_values.c"], optional=True, depends=["semiring/_vector.h"]),
     Extension("structures.spanning.decode._tarjan_c", ["structures/spanning/decode/_tarjan.c"], optional=True),
     Extension("structures.spanning._matrix_tree_c", ["structures/spanning/_matrix_tree_c.c"], optional=True,
-              depends=["semiring/_vector.h", "semiring/_threads.h"], extra_compile_args=THREADS, extra_link_args=THREADS),
+              depends=["semiring/_vector.h", "semiring/_threads.h", "structures/spanning/_matrix_tree_tiles.h"], extra_compile_args=THREADS, extra_link_args=THREADS),
     Extension("semiring.language._kernel", ["semiring/language/_kernel.c"], optional=True, depends=["semiring/_vector.h"],
               extra_compile_args=THREADS, extra_link_args=THREADS),
     Extension("semiring._scan", ["semiring/_scan.c"], optional=True, depends=["semiring/_vector.h", "semiring/_threads.h"],

@@ -32,10 +32,10 @@
  * with a NaN or +inf score, or a finite weight under e^-708 (flushed to 0), is not ok.
  *
  * The work is the updates of the rows below each panel (rank_update: four rows by eight columns in
- * registers) and the exps. On AVX-512 a panel's own columns are transposed 8 x 8 in registers
- * (transpose8), and the inverse's right-hand sides are solved held transposed (solve_identity_block):
- * scalar transposes through scratch stalled (a vector load of eight just-stored scalars), a third of
- * the marginals' time. The batch drivers are compiled for each of _vector.h's instruction
+ * registers) and the exps. On AVX-512 and AVX2 a panel's own columns are transposed in registers,
+ * and the inverse's right-hand sides are solved held transposed (_matrix_tree_tiles.h, at each
+ * width): scalar transposes through scratch stalled (a vector load of just-stored scalars), a third
+ * of the marginals' time. The batch drivers are compiled for each of _vector.h's instruction
  * sets, the CPU's best chosen when the module loads (isas(), isa(), set_isa(name)), and split
  * the batch into the caller's number of parts, on as many threads (_threads.h).
  */
@@ -114,6 +114,15 @@ INLINE void transpose8(vd8 v[8]) {
         u[i + 2] = __builtin_shuffle(t[i], t[i + 2], hi2), u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
     }
     for (int i = 0; i < 4; i++) v[i] = __builtin_shuffle(u[i], u[i + 4], lo4), v[i + 4] = __builtin_shuffle(u[i], u[i + 4], hi4);
+}
+
+/* the 4 x 4 transpose of v[0..3] in registers (AVX2) */
+INLINE void transpose4(vd v[4]) {
+    const vid lo = {0, 4, 2, 6}, hi = {1, 5, 3, 7}, lo2 = {0, 1, 4, 5}, hi2 = {2, 3, 6, 7};
+    const vd t0 = __builtin_shuffle(v[0], v[1], lo), t1 = __builtin_shuffle(v[0], v[1], hi);
+    const vd t2 = __builtin_shuffle(v[2], v[3], lo), t3 = __builtin_shuffle(v[2], v[3], hi);
+    v[0] = __builtin_shuffle(t0, t2, lo2), v[1] = __builtin_shuffle(t1, t3, lo2);
+    v[2] = __builtin_shuffle(t0, t2, hi2), v[3] = __builtin_shuffle(t1, t3, hi2);
 }
 #endif
 
@@ -427,41 +436,6 @@ INLINE void panel_rows(double *X, idx n, idx j0, idx j1, idx k0, idx k1, const d
         for (idx t = 0; t < kb; t++) X[(j0 + j) * n + k0 + t] = P[t * m + j];
 }
 
-#if ISAS_X86
-/* panel_rows for a panel of eight columns (AVX-512): eight rows at a time, their columns
- * transposed in registers instead of through P (whose scalar stores, read back as vectors, stall);
- * the same operations on each entry in the same order (the same bits). The last rows (fewer than
- * eight) by panel_rows. */
-INLINE void panel_rows8(double *X, idx n, idx j0, idx j1, idx k0, const double *L, const double *scale, double sign,
-                        double *g, const double *gk, double *P) {
-    idx j = j0;
-    for (; j + 8 <= j1; j += 8) {
-        vd8 v[8], gv = {0};
-        for (int r = 0; r < 8; r++) memcpy(&v[r], X + (j + r) * n + k0, 64);
-        transpose8(v);
-        if (g) memcpy(&gv, g + j, 64);
-        for (int t = 0; t < 8; t++) {
-            if (scale) {
-                const double sc = scale[k0 + t];
-                v[t] *= (vd8){sc, sc, sc, sc, sc, sc, sc, sc};
-            }
-            if (g) {
-                const double gt = gk[k0 + t];
-                gv += (vd8){gt, gt, gt, gt, gt, gt, gt, gt} * v[t];
-            }
-            for (int t2 = t + 1; t2 < 8; t2++) {
-                const double c = sign * L[(k0 + t) * n + k0 + t2];
-                v[t2] += (vd8){c, c, c, c, c, c, c, c} * v[t];
-            }
-        }
-        if (g) memcpy(g + j, &gv, 64);
-        transpose8(v);
-        for (int r = 0; r < 8; r++) memcpy(X + (j + r) * n + k0, &v[r], 64);
-    }
-    if (j < j1) panel_rows(X, n, j, j1, k0, k0 + 8, L, scale, sign, g, gk, P);
-}
-#endif
-
 /* the back substitution's panel_rows: for t = kb-1 down to 0, P[t] *= inv[k0+t], then
  * P[t2] -= U[k0+t, k0+t2] P[t] for t2 < t */
 INLINE void panel_rows_down(double *X, idx n, idx j0, idx j1, idx k0, idx k1, const double *U, const double *inv, double *P) {
@@ -482,13 +456,55 @@ INLINE void panel_rows_down(double *X, idx n, idx j0, idx j1, idx k0, idx k1, co
         for (idx t = 0; t < kb; t++) X[(j0 + j) * n + k0 + t] = P[t * m + j];
 }
 
+#if ISAS_X86 /* the panels in registers at AVX-512's width and at AVX2's (_matrix_tree_tiles.h) */
+#define NAME(f) f##_8
+#define W 8
+#define V vd8
+#define SPLAT(x) {x, x, x, x, x, x, x, x}
+#define TRANSPOSE transpose8
+#include "_matrix_tree_tiles.h"
+#undef NAME
+#undef W
+#undef V
+#undef SPLAT
+#undef TRANSPOSE
+#define NAME(f) f##_4
+#define W 4
+#define V vd
+#define SPLAT(x) {x, x, x, x}
+#define TRANSPOSE transpose4
+#include "_matrix_tree_tiles.h"
+#undef NAME
+#undef W
+#undef V
+#undef SPLAT
+#undef TRANSPOSE
+#endif
+
+/* panel_rows by the tiles of the build's vector width (tiles: 8 on AVX-512, 4 on AVX2, 0 none) */
+INLINE void panel_rows_tiled(int tiles, double *X, idx n, idx j0, idx j1, idx k0, idx k1, const double *L,
+                             const double *scale, double sign, double *g, const double *gk, double *P) {
+#if ISAS_X86
+    if (tiles == 8 && k1 - k0 == KB) {
+        panel_rows_8(X, n, j0, j1, k0, L, scale, sign, g, gk, P);
+        return;
+    }
+    if (tiles == 4 && k1 - k0 == KB) {
+        panel_rows_4(X, n, j0, j1, k0, L, scale, sign, g, gk, P);
+        return;
+    }
+#endif
+    panel_rows(X, n, j0, j1, k0, k1, L, scale, sign, g, gk, P);
+}
+
 /* ------------------------------------------------------------------------------- log_partition */
 
 /* log Z of the shifted weights of one example as load_heads() leaves them (T [n, n], each word's
  * heads contiguous, overwritten; root [n]), or NAN where a pivot is below LOW; g, w, d: n scratch
  * each, P: KB * n. */
 INLINE double gth_log_partition(double *T, const double *root, idx n, int single_root, double *g, double *w, double *d, double *P,
-                                int wide) {
+                                int tiles) {
+    const int wide = tiles == 8;
     idx c0 = 0;
     if (single_root) {
         /* the most popular head: the largest sum of its arcs out (a column of T) */
@@ -530,11 +546,7 @@ INLINE double gth_log_partition(double *T, const double *root, idx n, int single
             }
         }
         /* every later row: the panel's eliminations, its own columns (Up[k, j]) first, then one pass */
-#if ISAS_X86
-        if (wide && k1 - k0 == 8) panel_rows8(T, n, k1, n, k0, T, d, 1.0, g, g, P);
-        else
-#endif
-        panel_rows(T, n, k1, n, k0, k1, T, d, 1.0, g, g, P);
+        panel_rows_tiled(tiles, T, n, k1, n, k0, k1, T, d, 1.0, g, g, P);
         rank_update(T, T, n, k1, n, k0, k1, k1, n, 1.0, wide);
     }
     /* ex ln 2 in two parts, the first exact for |ex| < 2^20 (ex is at most n 1024 in magnitude) */
@@ -564,7 +576,8 @@ INLINE double gth_log_partition(double *T, const double *root, idx n, int single
 /* LU of M without row exchanges, in place, M stored transposed (A[j, i] = M[i, j], as LAPACK's
  * column-major): afterwards A[k, i] = L[i, k] (i > k) and A[j, k] = U[k, j] (k <= j); s[k] the
  * sum of |L[i, k]| in column k, the unit diagonal included. Returns log det M, or NAN at a pivot that is not > 0. */
-INLINE double lu(double *A, idx n, double *s, double *P, int wide) {
+INLINE double lu(double *A, idx n, double *s, double *P, int tiles) {
+    const int wide = tiles == 8;
     double logdet = 0.0;
     for (idx k0 = 0; k0 < n; k0 += KB) {
         const idx k1 = k0 + KB < n ? k0 + KB : n;
@@ -583,100 +596,13 @@ INLINE double lu(double *A, idx n, double *s, double *P, int wide) {
             }
         }
         /* every later row: the panel's updates, its own columns (U[k, j]) first, then one pass */
-#if ISAS_X86
-        if (wide && k1 - k0 == 8) panel_rows8(A, n, k1, n, k0, A, NULL, -1.0, NULL, NULL, P);
-        else
-#endif
-        panel_rows(A, n, k1, n, k0, k1, A, NULL, -1.0, NULL, NULL, P);
+        panel_rows_tiled(tiles, A, n, k1, n, k0, k1, A, NULL, -1.0, NULL, NULL, P);
         rank_update(A, A, n, k1, n, k0, k1, k1, n, -1.0, wide);
     }
     return logdet;
 }
 
 #define BLOCK 16 /* right-hand sides solved together */
-
-#if ISAS_X86
-/* (AVX-512) A block of BLOCK right-hand sides held transposed: a row of Yt [n, BLOCK] is two 8-lane vectors. */
-_Static_assert(BLOCK == 16, "a row of the transposed block is two vd8");
-INLINE vd8 ld8(const double *p) { vd8 v; memcpy(&v, p, 64); return v; }
-INLINE void st8(double *p, vd8 v) { memcpy(p, &v, 64); }
-
-/* rows i0..i1-1 of Yt minus Σ_k Yt[k] LU[k, i] over the panel b0..b1-1, each entry's terms in the
- * panel's order (rank_update's roundings: the same products and FMAs), four rows at once */
-INLINE void block_update(double *Yt, const double *LU, idx n, idx b0, idx b1, idx i0, idx i1) {
-    idx i = i0;
-    for (; i + 4 <= i1; i += 4) {
-        double *y0 = Yt + i * BLOCK, *y1 = y0 + BLOCK, *y2 = y1 + BLOCK, *y3 = y2 + BLOCK;
-        vd8 a0 = ld8(y0), a1 = ld8(y1), a2 = ld8(y2), a3 = ld8(y3);
-        vd8 h0 = ld8(y0 + 8), h1 = ld8(y1 + 8), h2 = ld8(y2 + 8), h3 = ld8(y3 + 8);
-        for (idx k = b0; k < b1; k++) {
-            const vd8 f = ld8(Yt + k * BLOCK), g = ld8(Yt + k * BLOCK + 8);
-            const double *l = LU + k * n + i;
-            const double t0 = l[0], t1 = l[1], t2 = l[2], t3 = l[3];
-            const vd8 c0 = {t0, t0, t0, t0, t0, t0, t0, t0}, c1 = {t1, t1, t1, t1, t1, t1, t1, t1};
-            const vd8 c2 = {t2, t2, t2, t2, t2, t2, t2, t2}, c3 = {t3, t3, t3, t3, t3, t3, t3, t3};
-            a0 -= f * c0, h0 -= g * c0, a1 -= f * c1, h1 -= g * c1;
-            a2 -= f * c2, h2 -= g * c2, a3 -= f * c3, h3 -= g * c3;
-        }
-        st8(y0, a0), st8(y1, a1), st8(y2, a2), st8(y3, a3);
-        st8(y0 + 8, h0), st8(y1 + 8, h1), st8(y2 + 8, h2), st8(y3 + 8, h3);
-    }
-    for (; i < i1; i++) {
-        vd8 a = ld8(Yt + i * BLOCK), h = ld8(Yt + i * BLOCK + 8);
-        for (idx k = b0; k < b1; k++) {
-            const double t = LU[k * n + i];
-            const vd8 c = {t, t, t, t, t, t, t, t};
-            a -= ld8(Yt + k * BLOCK) * c, h -= ld8(Yt + k * BLOCK + 8) * c;
-        }
-        st8(Yt + i * BLOCK, a), st8(Yt + i * BLOCK + 8, h);
-    }
-}
-
-/* Yt[t2] += c Yt[t], Yt[t] given as its two vectors */
-INLINE void axpy16(double *Yt, idx t2, double c, vd8 yl, vd8 yh) {
-    const vd8 cc = {c, c, c, c, c, c, c, c};
-    st8(Yt + t2 * BLOCK, ld8(Yt + t2 * BLOCK) + cc * yl);
-    st8(Yt + t2 * BLOCK + 8, ld8(Yt + t2 * BLOCK + 8) + cc * yh);
-}
-
-/* solve_rows for the rows X[j0..j0+R) = e_j0..e_j0+R-1 (R <= BLOCK), held transposed in Yt (lanes
- * past R unused) and written into X at the end: the same panels and the same roundings in the same
- * order as solve_rows (the same bits), each step a vector over the right-hand sides, where
- * solve_rows transposes each panel's columns in and out (a third of the marginals' time at n = 128). */
-INLINE void solve_identity_block(const double *LU, const double *inv, idx n, double *X, idx j0, idx R, double *Yt) {
-    memset(Yt, 0, sizeof(double) * BLOCK * n);
-    for (idx r = 0; r < R; r++) Yt[(j0 + r) * BLOCK + r] = 1.0;
-    for (idx b0 = j0; b0 < n; b0 += KB) {
-        const idx b1 = b0 + KB < n ? b0 + KB : n;
-        for (idx t = b0; t < b1; t++) {
-            const vd8 yl = ld8(Yt + t * BLOCK), yh = ld8(Yt + t * BLOCK + 8);
-            for (idx t2 = t + 1; t2 < b1; t2++) axpy16(Yt, t2, -LU[t * n + t2], yl, yh);
-        }
-        block_update(Yt, LU, n, b0, b1, b1, n);
-    }
-    for (idx b1 = n; b1 > 0; b1 -= KB) {
-        const idx b0 = b1 - KB > 0 ? b1 - KB : 0;
-        for (idx t = b1 - 1; t >= b0; t--) {
-            const double s = inv[t];
-            const vd8 sc = {s, s, s, s, s, s, s, s};
-            const vd8 yl = ld8(Yt + t * BLOCK) * sc, yh = ld8(Yt + t * BLOCK + 8) * sc;
-            st8(Yt + t * BLOCK, yl), st8(Yt + t * BLOCK + 8, yh);
-            for (idx t2 = b0; t2 < t; t2++) axpy16(Yt, t2, -LU[t * n + t2], yl, yh);
-        }
-        block_update(Yt, LU, n, b0, b1, 0, b0);
-    }
-    idx i = 0;
-    for (; i + 8 <= n; i += 8) /* X[j0 + r, i..i+8) = Yt[i..i+8, r], 8 x 8 tiles transposed in registers */
-        for (idx r0 = 0; r0 < R; r0 += 8) {
-            vd8 v[8];
-            for (int q = 0; q < 8; q++) v[q] = ld8(Yt + (i + q) * BLOCK + r0);
-            transpose8(v);
-            for (idx r = r0; r < R && r < r0 + 8; r++) st8(X + (j0 + r) * n + i, v[r - r0]);
-        }
-    for (; i < n; i++)
-        for (idx r = 0; r < R; r++) X[(j0 + r) * n + i] = Yt[i * BLOCK + r];
-}
-#endif
 
 /* Rows Y[0..R) (length n) overwritten by M^{-1} y: forward substitution with the unit L from row
  * k0 on (the rows are 0 before it), back substitution with U, multiplying by the reciprocals of
@@ -705,7 +631,8 @@ typedef struct {
  * left by load()); returns log Z of the shifted weights, and *ok whether the bound certifies both
  * within TOL. X holds n+1 rows of n: X[h, m] = (M^{-1})[m, h] (each row a solve), and row n the
  * single root's v. */
-INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Work *wk, int *ok, int wide) {
+INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Work *wk, int *ok, int tiles) {
+    const int wide = tiles == 8;
     double *A = wk->A, *X = wk->X, *s = wk->s, *phi = wk->phi, *rowmax = wk->rowmax, *tau = wk->tau, *u = wk->u, *r = wk->r;
     double *diag = wk->diag; /* the reciprocal pivots, then X_mm */
     const double gam = 4.0 * n * UNIT;
@@ -725,14 +652,18 @@ INLINE double certified_marginals(double *W, idx ldw, idx n, int single_root, Wo
         for (idx j = 0; j < n; j++) { A[c0 * n + j] = 0.0; A[j * n + c0] = 0.0; }
         A[c0 * n + c0] = 1.0;
     }
-    const double logdet = lu(A, n, s, wk->P, wide);
+    const double logdet = lu(A, n, s, wk->P, tiles);
     if (isnan(logdet)) return NAN;
     /* φ_j >= the column sums of |L||U|: Σ_k |U_kj| s_k */
     for (idx j = 0; j < n; j++) phi[j] = abs_dot(A + j * n, s, j + 1);
     for (idx k = 0; k < n; k++) diag[k] = 1.0 / A[k * n + k];
 #if ISAS_X86
-    if (wide) {
-        for (idx j0 = 0; j0 < n; j0 += BLOCK) solve_identity_block(A, diag, n, X, j0, n - j0 < BLOCK ? n - j0 : BLOCK, wk->P);
+    if (tiles) { /* blocks of 2 tiles right-hand sides (at most BLOCK) */
+        for (idx j0 = 0; j0 < n; j0 += 2 * tiles) {
+            const idx R = n - j0 < 2 * tiles ? n - j0 : 2 * tiles;
+            if (tiles == 8) solve_identity_block_8(A, diag, n, X, j0, R, wk->P);
+            else solve_identity_block_4(A, diag, n, X, j0, R, wk->P);
+        }
     } else
 #endif
     {
@@ -853,7 +784,8 @@ INLINE void put(const Args *a, idx b, double z) {
     else ((double *)a->logz)[b] = z;
 }
 
-INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wide) {
+INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int tiles) {
+    const int wide = tiles == 8;
     const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
     double *buf = malloc(sizeof(double) * (N * N + (5 + KB) * n1));
@@ -863,7 +795,7 @@ INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wid
     for (idx b = b0; b < b1; b++) {
         const idx n = a->lengths ? a->lengths[b] : N;
         const double shift = load_heads(a->theta + b * stride, a->f32, n1, n, T, root, c, wide);
-        const double z = isnan(shift) ? NAN : gth_log_partition(T, root, n, a->single_root, g, w, d, P, wide);
+        const double z = isnan(shift) ? NAN : gth_log_partition(T, root, n, a->single_root, g, w, d, P, tiles);
         a->ok[b] = !isnan(z);
         put(a, b, z + shift);
     }
@@ -871,7 +803,8 @@ INLINE int log_partition_batch(const void *args, int64_t b0, int64_t b1, int wid
     return 1;
 }
 
-INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
+INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int tiles) {
+    const int wide = tiles == 8;
     const Args *a = args;
     const idx n1 = a->n1, N = n1 - 1;
     /* float32 marginals: each example's weights and marginals in float64 here, rounded once into mu */
@@ -897,7 +830,7 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
         double *W = a->out32 ? W32 : (double *)a->mu + b * n1 * n1;
         const double shift = load(a->theta + b * stride, a->f32, n1, n, W, n1, tmp, c, wide);
         int ok = 0;
-        const double z = isnan(shift) ? NAN : certified_marginals(W, n1, n, a->single_root, &wk, &ok, wide);
+        const double z = isnan(shift) ? NAN : certified_marginals(W, n1, n, a->single_root, &wk, &ok, tiles);
         /* zeros off the example's arcs (padding rows and columns) */
         if (a->out32) {
             float *mu = (float *)a->mu + b * n1 * n1;
@@ -918,14 +851,15 @@ INLINE int marginals_batch(const void *args, int64_t b0, int64_t b1, int wide) {
 }
 
 /* the batch drivers over examples [b0, b1) (PartFn of _threads.h), compiled once per instruction
- * set (_vector.h), WIDE where its vectors are 64 bytes; RUN[isa][with_mu] */
-#define DRIVERS(ISA, TARGET, WIDE)                                                                                                   \
-    TARGET static int log_partition##ISA(const void *a, int64_t b0, int64_t b1) { return log_partition_batch(a, b0, b1, WIDE); } \
-    TARGET static int marginals##ISA(const void *a, int64_t b0, int64_t b1) { return marginals_batch(a, b0, b1, WIDE); }
+ * set (_vector.h), TILES the lanes of its tiles in registers (8: AVX-512's 64-byte vectors, also
+ * ``wide`` there; 4: AVX2's; 0: none); RUN[isa][with_mu] */
+#define DRIVERS(ISA, TARGET, TILES)                                                                                                  \
+    TARGET static int log_partition##ISA(const void *a, int64_t b0, int64_t b1) { return log_partition_batch(a, b0, b1, TILES); } \
+    TARGET static int marginals##ISA(const void *a, int64_t b0, int64_t b1) { return marginals_batch(a, b0, b1, TILES); }
 DRIVERS(_base, , 0)
 #if ISAS_X86
-DRIVERS(_avx2, AVX2, 0)
-DRIVERS(_avx512, AVX512, 1)
+DRIVERS(_avx2, AVX2, 4)
+DRIVERS(_avx512, AVX512, 8)
 static PartFn *const RUN[][2] = {{log_partition_base, marginals_base}, {log_partition_avx2, marginals_avx2},
                                  {log_partition_avx512, marginals_avx512}};
 #else
