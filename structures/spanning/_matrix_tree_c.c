@@ -463,22 +463,12 @@ INLINE void panel_rows_down(double *X, idx n, idx j0, idx j1, idx k0, idx k1, co
 #define SPLAT(x) {x, x, x, x, x, x, x, x}
 #define TRANSPOSE transpose8
 #include "_matrix_tree_tiles.h"
-#undef NAME
-#undef W
-#undef V
-#undef SPLAT
-#undef TRANSPOSE
 #define NAME(f) f##_4
 #define W 4
 #define V vd
 #define SPLAT(x) {x, x, x, x}
 #define TRANSPOSE transpose4
 #include "_matrix_tree_tiles.h"
-#undef NAME
-#undef W
-#undef V
-#undef SPLAT
-#undef TRANSPOSE
 #endif
 
 /* panel_rows by the tiles of the build's vector width (tiles: 8 on AVX-512, 4 on AVX2, 0 none) */

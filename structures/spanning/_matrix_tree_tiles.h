@@ -2,7 +2,8 @@
  * width (x86 only): W lanes of the vector type V, SPLAT(x) V's initializer of W copies of x, TRANSPOSE
  * the W x W transpose of W vectors in place, NAME(f) the function f's name at this width. A panel is
  * KB columns; a transposed block of right-hand sides is 2 W wide. Every function gives each entry
- * the same operations in the same order as the scalar-transposing code it replaces (the same bits). */
+ * the same operations in the same order as the scalar-transposing code it replaces (the same bits).
+ * The parameters are undefined at the end, ready for the next width. */
 
 INLINE V NAME(ld)(const double *p) { V v; memcpy(&v, p, sizeof v); return v; }
 INLINE void NAME(st)(double *p, V v) { memcpy(p, &v, sizeof v); }
@@ -120,3 +121,9 @@ INLINE void NAME(solve_identity_block)(const double *LU, const double *inv, idx 
     for (; i < n; i++)
         for (idx r = 0; r < R; r++) X[(j0 + r) * n + i] = Yt[i * S + r];
 }
+
+#undef NAME
+#undef W
+#undef V
+#undef SPLAT
+#undef TRANSPOSE

@@ -276,7 +276,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
             rows = rare.nonzero().squeeze(1)  # the one synchronisation of the device path
             if rows.numel():
                 _exact_rows(x, lengths, single_root, rows, logZ, mu)
-        return logZ.to(dtype), None if mu is None else mu.to(dtype)
+        return _converted(logZ, mu, dtype)
     if fast and _matrix_tree_c is not None and dev.type == "cpu":
         logZ, mu, ok, failed = _in_c(x, lengths, single_root, marginals, dtype)
     elif fast:
@@ -287,7 +287,7 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
             if info is not None:
                 info["method"] = ["fast"] * B
                 info["certified"] = ok
-            return logZ.to(dtype), None if mu is None else mu.to(dtype)
+            return _converted(logZ, mu, dtype)
         rows = (~ok).nonzero().squeeze(1)
         method = ["fast" if o else "" for o in ok.tolist()]
     else:
@@ -300,6 +300,11 @@ def log_partition_and_marginals(theta: Tensor, lengths: Tensor | None, single_ro
     if info is not None:
         info["method"] = method
         info["certified"] = torch.tensor([m == "fast" for m in method], dtype=torch.bool, device=dev)
+    return _converted(logZ, mu, dtype)
+
+
+def _converted(logZ: Tensor, mu: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """``(log Z, μ)`` in ``dtype`` (no copy where they are in it already)."""
     return logZ.to(dtype), None if mu is None else mu.to(dtype)
 
 
